@@ -1,0 +1,62 @@
+# pgdq: a delayed-message queue inside PostgreSQL.
+#   make demo         set everything up and run the demo on a throwaway cluster
+#   make test         set everything up and run every test (non-zero on failure)
+#   make install      PGXS: install the extension (then CREATE EXTENSION pgdq)
+#   make installcheck PGXS: pgTAP suite against the server named by PG* vars
+#   make sql          plain install script (SCHEMA=public) for managed servers
+
+EXTENSION = pgdq
+DATA_built = sql/pgdq--1.0.0.sql
+NO_INSTALLCHECK = 1
+EXTRA_CLEAN = build
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
+ifneq ($(PGXS),)
+include $(PGXS)
+endif
+
+SCHEMA ?= public
+SQL_SOURCES := $(sort $(wildcard sql/src/*.sql))
+VENV := .venv
+PY := $(VENV)/bin/python
+
+sql/pgdq--1.0.0.sql: sql/extension_header.sql $(SQL_SOURCES) sql/extension_footer.sql
+	cat $^ > $@
+
+.PHONY: sql deps venv demo test lint installcheck pytest cluster-stop
+
+# The plain install script, for servers where extensions cannot be added.
+sql:
+	@mkdir -p build
+	python3 python/pgdq/_script.py $(SCHEMA) > build/pgdq.sql
+	@echo "wrote build/pgdq.sql (schema $(SCHEMA)); apply with: psql -1 -f build/pgdq.sql"
+
+deps:
+	scripts/deps.sh
+
+venv: $(VENV)/.stamp
+$(VENV)/.stamp: python/pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e 'python[dev]'
+	touch $@
+
+installcheck:
+	psql -X -v ON_ERROR_STOP=1 -q -c 'CREATE EXTENSION IF NOT EXISTS pgtap' -c 'CREATE EXTENSION IF NOT EXISTS pgdq'
+	pg_prove --ext .sql -f pgtap/
+
+lint: venv
+	$(VENV)/bin/sqlfluff lint sql/src pgtap
+	$(VENV)/bin/hadolint docker/Dockerfile
+	$(VENV)/bin/mypy --strict python/pgdq
+	$(VENV)/bin/ruff check python tests
+
+test: deps venv
+	scripts/test.sh
+
+demo: deps venv
+	scripts/demo.sh
+
+cluster-stop:
+	scripts/pgcluster.sh stop test; scripts/pgcluster.sh stop demo

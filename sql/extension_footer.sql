@@ -1,0 +1,2 @@
+-- Extension only: let pg_dump keep the messages (the table is extension-owned).
+SELECT pg_catalog.pg_extension_config_dump('dq_messages', '');

@@ -1,0 +1,89 @@
+-- Argument checks and lock tokens, shared by every public function.
+-- Internal helpers are named dq__* (two underscores) and are not part of api-v1.
+
+-- Raise 22004 naming the argument when value is NULL.
+CREATE FUNCTION dq__not_null(value anyelement, arg_name text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22004',
+            MESSAGE = format('pgdq: %s must not be NULL', arg_name);
+    END IF;
+END
+$$;
+
+-- Raise 22004/22023 unless name is non-NULL text of 1..max_length characters.
+CREATE FUNCTION dq__check_name(
+    name text, arg_name text, max_length integer
+) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+BEGIN
+    PERFORM dq__not_null(name, arg_name);
+    IF length(name) NOT BETWEEN 1 AND max_length THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = format(
+                'pgdq: %s must be 1 to %s characters long, got %s',
+                arg_name, max_length, length(name)
+            );
+    END IF;
+END
+$$;
+
+-- Raise 22004/22023 unless the queue name follows the name rule (1..100).
+CREATE FUNCTION dq__check_queue(queue text) RETURNS void
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$ SELECT dq__check_name(queue, 'queue', 100) $$;
+
+-- Raise 22004/22023 unless lease is a positive interval.
+CREATE FUNCTION dq__check_lease(lease interval) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+BEGIN
+    PERFORM dq__not_null(lease, 'lease');
+    IF lease <= interval '0' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = format('pgdq: lease must be positive, got %s', lease);
+    END IF;
+END
+$$;
+
+-- A fresh lock token for message id: the id in the first 8 bytes (so the
+-- row is found by primary key) and the random half of a v4 UUID (62 random
+-- bits) as the proof.
+-- Token helpers are schema-qualified instead of pinning search_path, so the
+-- planner can inline them into the statements that use them.
+CREATE FUNCTION dq__token(id bigint) RETURNS uuid
+LANGUAGE sql VOLATILE PARALLEL SAFE
+AS $$
+    SELECT CAST(
+        pg_catalog.lpad(pg_catalog.to_hex(id), 16, '0')
+        OPERATOR(pg_catalog.||) pg_catalog.right(
+            pg_catalog.replace(
+                pg_catalog.gen_random_uuid()::pg_catalog.text, '-', ''
+            ),
+            16
+        ) AS pg_catalog.uuid
+    )
+$$;
+
+-- The message id a lock token was issued for (see dq__token).
+CREATE FUNCTION dq__token_id(token uuid) RETURNS bigint
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+    SELECT CAST(
+        CAST(
+            'x' OPERATOR(pg_catalog.||) pg_catalog.left(
+                pg_catalog.replace(token::pg_catalog.text, '-', ''), 16
+            ) AS pg_catalog.bit(64)
+        ) AS pg_catalog.int8
+    )
+$$;

@@ -1,0 +1,345 @@
+-- Producing: dq_offer and dq_offer_many.
+
+-- True when an offer of (new_payload, new_at) matches the stored version, so
+-- that it changes nothing: same payload, and a NULL time matches any time.
+-- Operators are schema-qualified so the planner can inline this function.
+CREATE FUNCTION dq__same_offer(
+    stored_payload jsonb,
+    stored_at timestamptz,
+    new_payload jsonb,
+    new_at timestamptz
+) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT stored_payload OPERATOR(pg_catalog.=) new_payload
+        AND (new_at IS NULL OR new_at OPERATOR(pg_catalog.=) stored_at)
+$$;
+
+-- Wake idle consumers of queue; sent at commit, one per queue per transaction.
+CREATE FUNCTION dq__wake(queue text) RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pg_notify('dq_wakeup', queue) $$;
+
+-- Offer one message: 'created', 'updated' or 'ignored' (see api-v1).
+CREATE FUNCTION dq_offer(
+    queue text,
+    key text,
+    payload jsonb,
+    scheduled_at timestamptz DEFAULT NULL,
+    can_update boolean DEFAULT true
+) RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := dq_now();
+    v_at timestamptz := coalesce(dq_offer.scheduled_at, v_now);
+    v_inserted boolean;
+BEGIN
+    PERFORM dq__check_queue(dq_offer.queue);
+    PERFORM dq__check_name(dq_offer.key, 'key', 200);
+    PERFORM dq__not_null(dq_offer.payload, 'payload');
+    PERFORM dq__not_null(dq_offer.can_update, 'can_update');
+
+    -- ON CONFLICT makes concurrent offers of one key wait for each other
+    -- instead of failing: one creates, the others update or ignore.
+    INSERT INTO dq_messages AS m (
+        queue, key, payload, scheduled_at, due_at, created_at
+    )
+    VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now)
+    ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO UPDATE
+        SET payload = excluded.payload,
+            scheduled_at = excluded.scheduled_at,
+            due_at = excluded.due_at,
+            created_at = excluded.created_at,
+            attempts = 0,
+            state = NULL,
+            lock_token = NULL
+        WHERE dq_offer.can_update
+            AND NOT dq__same_offer(
+                m.payload, m.scheduled_at,
+                excluded.payload, dq_offer.scheduled_at
+            )
+    RETURNING m.xmax = 0 INTO v_inserted;  -- xmax is 0 on a fresh insert
+
+    IF NOT FOUND THEN
+        RETURN 'ignored';
+    END IF;
+    PERFORM dq__wake(dq_offer.queue);
+    RETURN CASE WHEN v_inserted THEN 'created' ELSE 'updated' END;
+END
+$$;
+
+-- Replay a batch of offers key by key, in array order, as dq_offer would:
+-- one row per element (elem_ord >= 1) with its outcome and the state it
+-- leaves, plus whether it is its key's last element and whether the key ends
+-- up written. stored_* give the current version of keys that already exist.
+CREATE FUNCTION dq__offer_chain(
+    keys text[],
+    payloads jsonb[],
+    scheduled_ats timestamptz[],
+    can_update boolean,
+    now_at timestamptz,
+    stored_keys text[],
+    stored_payloads jsonb[],
+    stored_ats timestamptz[]
+) RETURNS TABLE (
+    elem_ord bigint,
+    elem_key text,
+    outcome text,
+    final_payload jsonb,
+    final_at timestamptz,
+    is_last boolean,
+    had_stored boolean,
+    key_written boolean
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+    WITH elems AS (
+        SELECT e.ord, e.k COLLATE "C" AS k, e.p, e.s, false AS is_stored
+        FROM unnest(keys, payloads, scheduled_ats)
+            WITH ORDINALITY AS e (k, p, s, ord)
+        UNION ALL
+        SELECT 0, s.k COLLATE "C", s.p, s.s, true
+        FROM unnest(stored_keys, stored_payloads, stored_ats) AS s (k, p, s)
+    ),
+
+    -- sets_at: the scheduled_at an element leaves behind when it sets one;
+    -- NULL when it keeps the previous one (no time given, same payload).
+    stepped AS (
+        SELECT
+            elems.*,
+            row_number() OVER w = 1 AS is_first,
+            lag(elems.p) OVER w AS prev_p,
+            CASE
+                WHEN elems.is_stored OR elems.s IS NOT NULL THEN elems.s
+                WHEN row_number() OVER w = 1 THEN now_at
+                WHEN elems.p <> lag(elems.p) OVER w THEN now_at
+            END AS sets_at
+        FROM elems
+        WINDOW w AS (PARTITION BY elems.k ORDER BY elems.ord)
+    ),
+
+    -- at: the scheduled_at in force after each element (last one set).
+    resolved AS (
+        SELECT
+            grouped.*,
+            max(grouped.sets_at) OVER (
+                PARTITION BY grouped.k, grouped.grp
+            ) AS at
+        FROM (
+            SELECT
+                stepped.*,
+                count(stepped.sets_at) OVER (
+                    PARTITION BY stepped.k ORDER BY stepped.ord
+                ) AS grp
+            FROM stepped
+        ) AS grouped
+    ),
+
+    judged AS (
+        SELECT
+            resolved.*,
+            CASE
+                WHEN resolved.is_first THEN 'created'
+                WHEN NOT can_update THEN 'ignored'
+                WHEN dq__same_offer(
+                    resolved.prev_p, lag(resolved.at) OVER w,
+                    resolved.p, resolved.s
+                ) THEN 'ignored'
+                ELSE 'updated'
+            END AS outcome
+        FROM resolved
+        WINDOW w AS (PARTITION BY resolved.k ORDER BY resolved.ord)
+    )
+
+    SELECT
+        judged.ord,
+        judged.k,
+        judged.outcome,
+        -- without can_update the first version stays
+        CASE WHEN can_update THEN judged.p ELSE first_value(judged.p) OVER w END,
+        CASE WHEN can_update THEN judged.at ELSE first_value(judged.at) OVER w END,
+        judged.ord = max(judged.ord) OVER k,
+        bool_or(judged.is_stored) OVER k,
+        bool_or(NOT judged.is_stored AND judged.outcome <> 'ignored') OVER k
+    FROM judged
+    WINDOW
+        w AS (PARTITION BY judged.k ORDER BY judged.ord),
+        k AS (PARTITION BY judged.k)
+$$;
+
+-- Raise 22004/22023 unless the offer_many arrays are usable (see api-v1).
+CREATE FUNCTION dq__check_offer_arrays(
+    keys text[], payloads jsonb[], scheduled_ats timestamptz[]
+) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+DECLARE
+    v_bad bigint;
+BEGIN
+    PERFORM dq__not_null(keys, 'keys');
+    PERFORM dq__not_null(payloads, 'payloads');
+    IF coalesce(array_ndims(keys), 1) > 1
+        OR coalesce(array_ndims(payloads), 1) > 1
+        OR coalesce(array_ndims(scheduled_ats), 1) > 1 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = 'pgdq: keys, payloads and scheduled_ats must be one-dimensional arrays';
+    END IF;
+    IF cardinality(payloads) <> cardinality(keys)
+        OR cardinality(scheduled_ats) <> cardinality(keys) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = format(
+                'pgdq: keys, payloads and scheduled_ats must have equal lengths, got %s, %s and %s',
+                cardinality(keys), cardinality(payloads),
+                coalesce(cardinality(scheduled_ats)::text, 'NULL')
+            );
+    END IF;
+    v_bad := array_position(keys, NULL);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22004',
+            MESSAGE = format('pgdq: keys[%s] must not be NULL', v_bad);
+    END IF;
+    v_bad := array_position(payloads, NULL);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22004',
+            MESSAGE = format('pgdq: payloads[%s] must not be NULL', v_bad);
+    END IF;
+    SELECT k.ord INTO v_bad
+    FROM unnest(keys) WITH ORDINALITY AS k (k, ord)
+    WHERE length(k.k) NOT BETWEEN 1 AND 200
+    ORDER BY k.ord
+    LIMIT 1;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = format(
+                'pgdq: keys[%s] must be 1 to 200 characters long, got %s',
+                v_bad, length(keys[v_bad])
+            );
+    END IF;
+END
+$$;
+
+-- Offer a batch: one (key, outcome) row per element, in input order, exactly
+-- as if dq_offer ran for each element in turn (see api-v1).
+CREATE FUNCTION dq_offer_many(
+    queue text,
+    keys text[],
+    payloads jsonb[],
+    scheduled_ats timestamptz[] DEFAULT NULL,
+    can_update boolean DEFAULT true
+) RETURNS TABLE (key text, outcome text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := dq_now();
+    v_queue text := dq_offer_many.queue;
+    v_pending text[];        -- distinct keys neither created nor locked yet
+    v_new text[];
+    v_created integer := 0;
+    v_updated integer := 0;
+    v_stored_keys text[] := '{}';
+    v_stored_payloads jsonb[];
+    v_stored_ats timestamptz[];
+BEGIN
+    PERFORM dq__check_queue(v_queue);
+    PERFORM dq__not_null(can_update, 'can_update');
+    PERFORM dq__check_offer_arrays(keys, payloads, scheduled_ats);
+
+    v_pending := ARRAY(SELECT DISTINCT k.k FROM unnest(keys) AS k (k));
+    -- Usually one pass. A key deleted (acked, cancelled) between the insert
+    -- and the lock below is missing from both, and goes round again.
+    WHILE cardinality(v_pending) > 0 LOOP
+        -- Create the missing keys with their final state, in key order, so
+        -- that concurrent batches take their locks in one order (no deadlock).
+        WITH inserted AS (
+            INSERT INTO dq_messages (
+                queue, key, payload, scheduled_at, due_at, created_at
+            )
+            SELECT v_queue, c.elem_key, c.final_payload, c.final_at, c.final_at, v_now
+            FROM dq__offer_chain(
+                keys, payloads, scheduled_ats, can_update, v_now, NULL, NULL, NULL
+            ) AS c
+            INNER JOIN unnest(v_pending) AS p (k) ON c.elem_key = p.k
+            WHERE c.is_last
+            ORDER BY c.elem_key
+            ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO NOTHING
+            RETURNING dq_messages.key
+        )
+        SELECT coalesce(array_agg(inserted.key), '{}') INTO v_new FROM inserted;
+        v_created := v_created + cardinality(v_new);
+        EXIT WHEN cardinality(v_new) = cardinality(v_pending);
+
+        v_pending := ARRAY(
+            SELECT unnest(v_pending) EXCEPT SELECT unnest(v_new)
+        );
+        -- Lock the keys that already existed, in key order, and read the
+        -- version each element will be compared with.
+        WITH locked AS (
+            SELECT m.key, m.payload, m.scheduled_at
+            FROM dq_messages AS m
+            WHERE m.queue = v_queue AND m.key = ANY(v_pending)
+            ORDER BY m.key
+            FOR UPDATE
+        ),
+        agg AS (
+            SELECT
+                array_agg(locked.key) AS ks,
+                array_agg(locked.payload) AS ps,
+                array_agg(locked.scheduled_at) AS ats
+            FROM locked
+        )
+        SELECT
+            v_stored_keys || coalesce(agg.ks, '{}'),
+            v_stored_payloads || agg.ps,
+            v_stored_ats || agg.ats
+        INTO v_stored_keys, v_stored_payloads, v_stored_ats
+        FROM agg;
+        v_pending := ARRAY(
+            SELECT unnest(v_pending) EXCEPT SELECT unnest(v_stored_keys)
+        );
+    END LOOP;
+
+    IF cardinality(v_stored_keys) > 0 THEN
+        UPDATE dq_messages AS m
+        SET payload = c.final_payload,
+            scheduled_at = c.final_at,
+            due_at = c.final_at,
+            created_at = v_now,
+            attempts = 0,
+            state = NULL,
+            lock_token = NULL
+        FROM dq__offer_chain(
+            keys, payloads, scheduled_ats, can_update, v_now,
+            v_stored_keys, v_stored_payloads, v_stored_ats
+        ) AS c
+        WHERE c.is_last AND c.had_stored AND c.key_written
+            AND m.queue = v_queue AND m.key = c.elem_key;
+        GET DIAGNOSTICS v_updated = ROW_COUNT;
+    END IF;
+
+    IF v_created + v_updated > 0 THEN
+        PERFORM dq__wake(v_queue);
+    END IF;
+
+    RETURN QUERY
+    SELECT c.elem_key::text, c.outcome
+    FROM dq__offer_chain(
+        keys, payloads, scheduled_ats, can_update, v_now,
+        v_stored_keys, v_stored_payloads, v_stored_ats
+    ) AS c
+    WHERE c.elem_ord > 0
+    ORDER BY c.elem_ord;
+END
+$$;

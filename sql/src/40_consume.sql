@@ -1,0 +1,154 @@
+-- Consuming: poll, ack, nack, extend.
+
+-- Lease up to max_count due messages of queue, earliest due first (ties by id).
+CREATE FUNCTION dq_poll_many(
+    queue text,
+    max_count integer,
+    lease interval DEFAULT '5 minutes'
+) RETURNS SETOF dq_delivery
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := dq_now();
+    v_queue text := dq_poll_many.queue;
+    v_ids bigint[];
+BEGIN
+    PERFORM dq__check_queue(v_queue);
+    PERFORM dq__not_null(max_count, 'max_count');
+    PERFORM dq__check_lease(lease);
+    IF max_count <= 0 THEN
+        RETURN;
+    END IF;
+
+    -- Pick and lock in one index range scan of (queue, due_at, id); rows a
+    -- concurrent poller holds are skipped, never waited for. The array keeps
+    -- both statements' plans index-only, generic or custom.
+    v_ids := ARRAY(
+        SELECT m.id
+        FROM dq_messages AS m
+        WHERE m.queue = v_queue AND m.due_at <= v_now
+        ORDER BY m.due_at, m.id
+        LIMIT max_count
+        FOR UPDATE SKIP LOCKED
+    );
+    IF cardinality(v_ids) = 0 THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    WITH leased AS (
+        UPDATE dq_messages AS m
+        SET attempts = m.attempts + 1,
+            lock_token = dq__token(m.id),
+            due_at = v_now + lease
+        FROM unnest(v_ids) WITH ORDINALITY AS picked (id, pos)
+        WHERE m.id = picked.id
+        RETURNING
+            picked.pos,
+            m.id, m.queue, m.key, m.payload, m.state, m.scheduled_at,
+            m.created_at, m.attempts, m.lock_token, m.due_at
+    )
+    SELECT
+        l.id, l.queue::text, l.key::text, l.payload, l.state, l.scheduled_at,
+        l.created_at, l.attempts, l.attempts > 1, l.lock_token, l.due_at
+    FROM leased AS l
+    ORDER BY l.pos;
+END
+$$;
+
+-- Lease the earliest due message of queue, if any.
+CREATE FUNCTION dq_poll(
+    queue text,
+    lease interval DEFAULT '5 minutes'
+) RETURNS SETOF dq_delivery
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$ SELECT * FROM dq_poll_many(queue, 1, lease) $$;
+
+-- Delete the message whose current delivery is lock_token; false when stale.
+CREATE FUNCTION dq_ack(lock_token uuid) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    DELETE FROM dq_messages AS m
+    WHERE m.id = dq__token_id(dq_ack.lock_token)
+        AND m.lock_token = dq_ack.lock_token;
+    RETURN FOUND;
+END
+$$;
+
+-- Ack a batch of tokens: the number of messages deleted; stale ones are skipped.
+CREATE FUNCTION dq_ack_many(lock_tokens uuid[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+DECLARE
+    v_deleted integer;
+BEGIN
+    -- Rows are locked in (queue, key) order, the order dq_offer_many locks
+    -- in, so a batch ack and a batch offer never deadlock.
+    WITH current_rows AS (
+        SELECT m.id
+        FROM dq_messages AS m
+        INNER JOIN unnest(lock_tokens) AS t (token)
+            ON m.id = dq__token_id(t.token) AND m.lock_token = t.token
+        ORDER BY m.queue, m.key
+        FOR UPDATE OF m
+    )
+    DELETE FROM dq_messages AS m
+    USING current_rows AS c
+    WHERE m.id = c.id;
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    RETURN v_deleted;
+END
+$$;
+
+-- Give a leased message back, due at retry_at (NULL: now); false when stale.
+CREATE FUNCTION dq_nack(
+    lock_token uuid,
+    retry_at timestamptz DEFAULT NULL,
+    state jsonb DEFAULT NULL
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := dq_now();
+BEGIN
+    UPDATE dq_messages AS m
+    SET lock_token = NULL,
+        due_at = coalesce(dq_nack.retry_at, v_now),
+        state = coalesce(dq_nack.state, m.state)
+    WHERE m.id = dq__token_id(dq_nack.lock_token)
+        AND m.lock_token = dq_nack.lock_token;
+    RETURN FOUND;
+END
+$$;
+
+-- Heartbeat: lease until now + lease; the new lease_until, NULL when stale.
+CREATE FUNCTION dq_extend(
+    lock_token uuid,
+    lease interval
+) RETURNS timestamptz
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := dq_now();
+    v_until timestamptz;
+BEGIN
+    PERFORM dq__check_lease(lease);
+    UPDATE dq_messages AS m
+    SET due_at = v_now + lease
+    WHERE m.id = dq__token_id(dq_extend.lock_token)
+        AND m.lock_token = dq_extend.lock_token
+    RETURNING m.due_at INTO v_until;
+    RETURN v_until;
+END
+$$;

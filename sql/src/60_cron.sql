@@ -1,0 +1,163 @@
+-- Recurring messages: occurrences are ordinary messages whose keys are
+-- {key_prefix}/{config_hash}/{YYYYMMDD}T{HHMMSS}.{microseconds}Z.
+
+-- Raise 22004/22023 unless part is 1..max_length characters without '/'.
+CREATE FUNCTION dq__check_key_part(
+    part text, arg_name text, max_length integer
+) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+BEGIN
+    PERFORM dq__check_name(part, arg_name, max_length);
+    IF strpos(part, '/') > 0 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = format('pgdq: %s must not contain "/"', arg_name);
+    END IF;
+END
+$$;
+
+-- The occurrence key of one scheduled time (the time in UTC).
+CREATE FUNCTION dq__occurrence_key(
+    key_prefix text, config_hash text, at timestamptz
+) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT key_prefix OPERATOR(pg_catalog.||) '/'
+        OPERATOR(pg_catalog.||) config_hash OPERATOR(pg_catalog.||) '/'
+        OPERATOR(pg_catalog.||) pg_catalog.to_char(
+            at AT TIME ZONE 'UTC', 'YYYYMMDD"T"HH24MISS.US"Z"'
+        )
+$$;
+
+-- Delete the not-leased occurrences under key_prefix/, all of them or only
+-- those whose config hash is (keep = false) or is not (keep = true) the given
+-- one; the count deleted.
+CREATE FUNCTION dq__cron_delete(
+    p_queue text, p_prefix text, p_hash text, p_keep_hash boolean
+) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+DECLARE
+    v_now timestamptz := dq_now();
+    v_deleted integer;
+BEGIN
+    -- Keys are in C collation, so "starts with prefix/" is the index range
+    -- [prefix/, prefix0): '0' is the byte after '/'. No LIKE pattern, so a
+    -- prefix with % or _ in it means only itself.
+    WITH doomed AS (
+        SELECT m.id
+        FROM dq_messages AS m
+        WHERE m.queue = p_queue
+            AND m.key >= p_prefix || '/'
+            AND m.key < p_prefix || '0'
+            AND NOT (m.lock_token IS NOT NULL AND m.due_at > v_now)
+            AND (
+                p_hash IS NULL
+                OR (split_part(substr(m.key, length(p_prefix) + 2), '/', 1) = p_hash)
+                <> p_keep_hash
+            )
+        ORDER BY m.key
+        FOR UPDATE
+    )
+    DELETE FROM dq_messages AS m
+    USING doomed AS d
+    WHERE m.id = d.id;
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    RETURN v_deleted;
+END
+$$;
+
+-- Replace key_prefix's pending occurrences of other configurations and offer
+-- the future ones given; the number of occurrences created (see api-v1).
+CREATE FUNCTION dq_cron_install(
+    queue text,
+    key_prefix text,
+    config_hash text,
+    scheduled_ats timestamptz[],
+    payloads jsonb[],
+    can_update boolean DEFAULT false
+) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := dq_now();
+    v_keys text[];
+    v_payloads jsonb[];
+    v_ats timestamptz[];
+    v_created integer;
+BEGIN
+    PERFORM dq__check_queue(queue);
+    PERFORM dq__check_key_part(key_prefix, 'key_prefix', 100);
+    PERFORM dq__check_key_part(config_hash, 'config_hash', 64);
+    PERFORM dq__not_null(scheduled_ats, 'scheduled_ats');
+    PERFORM dq__not_null(payloads, 'payloads');
+    PERFORM dq__not_null(can_update, 'can_update');
+    IF cardinality(scheduled_ats) <> cardinality(payloads)
+        OR coalesce(array_ndims(scheduled_ats), 1) > 1
+        OR coalesce(array_ndims(payloads), 1) > 1 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = format(
+                'pgdq: scheduled_ats and payloads must be one-dimensional arrays of equal length, got %s and %s',
+                cardinality(scheduled_ats), cardinality(payloads)
+            );
+    END IF;
+    IF array_position(scheduled_ats, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22004',
+            MESSAGE = format(
+                'pgdq: scheduled_ats[%s] must not be NULL',
+                array_position(scheduled_ats, NULL)
+            );
+    END IF;
+    IF array_position(payloads, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22004',
+            MESSAGE = format(
+                'pgdq: payloads[%s] must not be NULL',
+                array_position(payloads, NULL)
+            );
+    END IF;
+
+    PERFORM dq__cron_delete(queue, key_prefix, config_hash, true);
+
+    -- Occurrences at or before now are skipped: already due means already
+    -- (being) processed, and must never be installed again.
+    SELECT
+        coalesce(array_agg(dq__occurrence_key(key_prefix, config_hash, o.at) ORDER BY o.ord), '{}'),
+        coalesce(array_agg(o.payload ORDER BY o.ord), '{}'),
+        coalesce(array_agg(o.at ORDER BY o.ord), '{}')
+    INTO v_keys, v_payloads, v_ats
+    FROM unnest(scheduled_ats, payloads) WITH ORDINALITY AS o (at, payload, ord)
+    WHERE o.at > v_now;
+
+    SELECT count(*) FILTER (WHERE r.outcome = 'created') INTO v_created
+    FROM dq_offer_many(queue, v_keys, v_payloads, v_ats, can_update) AS r;
+    RETURN v_created;
+END
+$$;
+
+-- Delete the not-leased occurrences under key_prefix/ (only config_hash's
+-- when given); the count deleted.
+CREATE FUNCTION dq_cron_uninstall(
+    queue text,
+    key_prefix text,
+    config_hash text DEFAULT NULL
+) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+BEGIN
+    PERFORM dq__check_queue(queue);
+    PERFORM dq__check_key_part(key_prefix, 'key_prefix', 100);
+    IF config_hash IS NOT NULL THEN
+        PERFORM dq__check_key_part(config_hash, 'config_hash', 64);
+    END IF;
+    RETURN dq__cron_delete(queue, key_prefix, config_hash, false);
+END
+$$;
