@@ -246,6 +246,7 @@ DECLARE
     v_now timestamptz := dq_now();
     v_queue text := dq_offer_many.queue;
     v_pending text[];        -- distinct keys neither created nor locked yet
+    v_distinct boolean;      -- no key repeats in the batch
     v_new text[];
     v_created integer := 0;
     v_updated integer := 0;
@@ -258,22 +259,32 @@ BEGIN
     PERFORM dq__check_offer_arrays(keys, payloads, scheduled_ats);
 
     v_pending := ARRAY(SELECT DISTINCT k.k FROM unnest(keys) AS k (k));
+    v_distinct := cardinality(v_pending) = cardinality(keys);
     -- Usually one pass. A key deleted (acked, cancelled) between the insert
     -- and the lock below is missing from both, and goes round again.
     WHILE cardinality(v_pending) > 0 LOOP
         -- Create the missing keys with their final state, in key order, so
         -- that concurrent batches take their locks in one order (no deadlock).
-        WITH inserted AS (
-            INSERT INTO dq_messages (
-                queue, key, payload, scheduled_at, due_at, created_at
-            )
-            SELECT v_queue, c.elem_key, c.final_payload, c.final_at, c.final_at, v_now
+        WITH candidates AS (
+            -- distinct keys (the usual batch) need no replay
+            SELECT e.k, e.p, coalesce(e.s, v_now) AS at
+            FROM unnest(keys, payloads, scheduled_ats) AS e (k, p, s)
+            WHERE v_distinct
+            UNION ALL
+            SELECT c.elem_key, c.final_payload, c.final_at
             FROM dq__offer_chain(
                 keys, payloads, scheduled_ats, can_update, v_now, NULL, NULL, NULL
             ) AS c
-            INNER JOIN unnest(v_pending) AS p (k) ON c.elem_key = p.k
-            WHERE c.is_last
-            ORDER BY c.elem_key
+            WHERE NOT v_distinct AND c.is_last
+        ),
+        inserted AS (
+            INSERT INTO dq_messages (
+                queue, key, payload, scheduled_at, due_at, created_at
+            )
+            SELECT v_queue, c.k, c.p, c.at, c.at, v_now
+            FROM candidates AS c
+            INNER JOIN unnest(v_pending) AS p (k) ON c.k = p.k
+            ORDER BY c.k
             ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO NOTHING
             RETURNING dq_messages.key
         )
@@ -333,6 +344,10 @@ BEGIN
         PERFORM dq__wake(v_queue);
     END IF;
 
+    IF v_distinct AND cardinality(v_stored_keys) = 0 THEN
+        RETURN QUERY SELECT k.k, 'created'::text FROM unnest(keys) AS k (k);
+        RETURN;
+    END IF;
     RETURN QUERY
     SELECT c.elem_key::text, c.outcome
     FROM dq__offer_chain(
