@@ -76,12 +76,12 @@ SELECT is(dq_version(), '1.0.0', 'dq_version() is the package version');
 SELECT is(dq_version(), (SELECT extversion FROM pg_extension WHERE extname = 'pgdq'),
           'dq_version() matches the extension version');
 
-SET LOCAL dq.now = '2024-01-01 10:00:00+00';
+SELECT set_config('dq.now', '2024-01-01 10:00:00+00', true);
 SELECT is(dq_now(), '2024-01-01 10:00:00+00'::timestamptz, 'dq_now() follows dq.now');
-SET LOCAL dq.now = '';
+SELECT set_config('dq.now', '', true);
 SELECT ok(dq_now() BETWEEN clock_timestamp() - interval '1 minute' AND clock_timestamp(),
           'dq_now() is the wall clock when dq.now is empty');
-RESET dq.now;
+SELECT set_config('dq.now', '', true);
 SELECT ok(dq_now() <> dq_now(), 'dq_now() is clock_timestamp(), not the transaction start');
 
 SELECT * FROM finish();

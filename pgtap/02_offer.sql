@@ -1,7 +1,7 @@
 -- dq_offer: created / updated / ignored, times, ids, resets, bad input.
 BEGIN;
 SELECT plan(45);
-SET LOCAL dq.now = '2024-01-01 10:00:00+00';
+SELECT set_config('dq.now', '2024-01-01 10:00:00+00', true);
 
 -- created, with a NULL time meaning now
 SELECT is(dq_offer('t_offer', 'a', '{"n": 1}'), 'created', 'a new key is created');
@@ -48,7 +48,7 @@ SELECT ok((SELECT leased FROM dq_get('t_offer', 'l')), 'an ignored offer keeps t
 SELECT ok(dq_nack((SELECT lock_token FROM d1), NULL, '{"step": 1}'), 'nack with a checkpoint');
 CREATE TEMP TABLE d2 AS SELECT * FROM dq_poll('t_offer', '1 minute');
 SELECT is((SELECT id FROM d2), (SELECT id FROM d1), 'the id is stable across nack and redelivery');
-SET LOCAL dq.now = '2024-01-01 10:00:30+00';
+SELECT set_config('dq.now', '2024-01-01 10:00:30+00', true);
 SELECT is(dq_offer('t_offer', 'l', '2'), 'updated', 'a leased message can be updated');
 SELECT is((SELECT id FROM dq_messages WHERE queue = 't_offer' AND key = 'l'), (SELECT id FROM d1),
           'the id is stable across updates');

@@ -2,7 +2,7 @@
 -- times, 100,000 elements, bad input writes nothing.
 BEGIN;
 SELECT plan(23);
-SET LOCAL dq.now = '2024-01-01 10:00:00+00';
+SELECT set_config('dq.now', '2024-01-01 10:00:00+00', true);
 
 SELECT results_eq(
     $$SELECT key, outcome FROM dq_offer_many('t_many', ARRAY['a', 'b', 'c'], ARRAY['1', '2', '3']::jsonb[])$$,

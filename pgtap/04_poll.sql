@@ -2,7 +2,7 @@
 -- fields, max_count and lease rules, queue isolation.
 BEGIN;
 SELECT plan(30);
-SET LOCAL dq.now = '2024-01-01 10:00:00+00';
+SELECT set_config('dq.now', '2024-01-01 10:00:00+00', true);
 
 SELECT dq_offer('t_poll', 'late', '"l"', '2024-01-01 09:59:00+00');
 SELECT dq_offer('t_poll', 'early', '"e"', '2024-01-01 09:58:00+00');
@@ -36,14 +36,14 @@ SELECT results_eq(
 SELECT is((SELECT count(*)::int FROM dq_poll_many('t_poll', 10)), 0, 'nothing left that is due');
 
 -- expired leases are due again, ordered by lease_until
-SET LOCAL dq.now = '2024-01-01 10:00:45+00';
+SELECT set_config('dq.now', '2024-01-01 10:00:45+00', true);
 CREATE TEMP TABLE p2 AS SELECT * FROM dq_poll_many('t_poll', 10, '1 minute');
 SELECT results_eq($$SELECT key FROM p2$$, $$VALUES ('early')$$, 'a message whose lease expired is due again');
 SELECT is((SELECT attempts FROM p2), 2, 'attempts counts the redelivery');
 SELECT ok((SELECT redelivery FROM p2), 'redelivery is true when attempts > 1');
 SELECT isnt((SELECT lock_token FROM p2), (SELECT lock_token FROM p1), 'a fresh lock token');
 SELECT is((SELECT scheduled_at FROM p2), '2024-01-01 09:58:00+00'::timestamptz, 'leases do not move scheduled_at');
-SET LOCAL dq.now = '2024-01-01 10:03:00+00';
+SELECT set_config('dq.now', '2024-01-01 10:03:00+00', true);
 SELECT results_eq(
     $$SELECT key FROM dq_poll_many('t_poll', 10, '1 minute')$$,
     $$VALUES ('late'), ('tie1'), ('tie2'), ('early')$$,

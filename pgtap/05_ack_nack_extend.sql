@@ -2,7 +2,7 @@
 -- retry times, checkpoints, heartbeats.
 BEGIN;
 SELECT plan(35);
-SET LOCAL dq.now = '2024-01-01 10:00:00+00';
+SELECT set_config('dq.now', '2024-01-01 10:00:00+00', true);
 
 SELECT dq_offer_many('t_ack', ARRAY['a', 'b', 'c', 'd', 'e'], ARRAY['1', '2', '3', '4', '5']::jsonb[]);
 CREATE TEMP TABLE d AS SELECT * FROM dq_poll_many('t_ack', 5, '1 minute');
@@ -26,7 +26,7 @@ SELECT is(dq_ack_many(NULL), 0, 'dq_ack_many(NULL) is 0');
 SELECT is(dq_ack_many('{}'), 0, 'dq_ack_many of nothing is 0');
 
 -- a token whose lease expired but was not leased again is still valid
-SET LOCAL dq.now = '2024-01-01 10:05:00+00';
+SELECT set_config('dq.now', '2024-01-01 10:05:00+00', true);
 SELECT ok(dq_ack((SELECT lock_token FROM d WHERE key = 'd')), 'an expired but not re-leased token still acks');
 
 -- re-leased by another poll: the old token is stale
@@ -61,7 +61,7 @@ SELECT ok(NOT (SELECT leased FROM dq_get('t_nack', 'n')), 'no longer leased');
 SELECT is((SELECT attempts FROM dq_get('t_nack', 'n')), 1, 'attempts are kept');
 SELECT is((SELECT state FROM dq_get('t_nack', 'n')), '{"step": 1}'::jsonb, 'the state is stored');
 SELECT is((SELECT scheduled_at FROM dq_get('t_nack', 'n')), '2024-01-01 10:05:00+00'::timestamptz, 'a nack does not move scheduled_at');
-SET LOCAL dq.now = '2024-01-01 11:00:00+00';
+SELECT set_config('dq.now', '2024-01-01 11:00:00+00', true);
 CREATE TEMP TABLE n2 AS SELECT * FROM dq_poll('t_nack', '1 minute');
 SELECT is((SELECT state FROM n2), '{"step": 1}'::jsonb, 'the next delivery carries the checkpoint');
 SELECT ok(dq_nack((SELECT lock_token FROM n2)), 'nack without retry_at or state');

@@ -1,7 +1,7 @@
 -- dq_cancel, dq_get, dq_purge, dq_stats, dq_next_due.
 BEGIN;
 SELECT plan(30);
-SET LOCAL dq.now = '2024-01-01 10:00:00+00';
+SELECT set_config('dq.now', '2024-01-01 10:00:00+00', true);
 
 -- empty queue
 SELECT is(dq_next_due('t_mng'), NULL, 'dq_next_due of an empty queue is NULL');
@@ -21,7 +21,7 @@ SELECT dq_offer('t_mng', 'expire_me', '7', '2024-01-01 07:00:00+00');
 SELECT is((SELECT key FROM dq_poll('t_mng', '1 minute')), 'expire_me', 'leased another');
 
 SELECT is(dq_next_due('t_mng'), '2024-01-01 09:00:00+00'::timestamptz, 'dq_next_due is the earliest due time');
-SET LOCAL dq.now = '2024-01-01 10:02:00+00';  -- expire_me's lease has expired
+SELECT set_config('dq.now', '2024-01-01 10:02:00+00', true);  -- expire_me's lease has expired
 SELECT results_eq($$SELECT * FROM dq_stats('t_mng')$$,
     $$VALUES ('t_mng'::text, 3::bigint, 2::bigint, 1::bigint,
               '2024-01-01 09:00:00+00'::timestamptz, '2024-01-01 11:00:00+00'::timestamptz)$$,

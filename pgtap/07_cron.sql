@@ -3,7 +3,7 @@
 -- prefixes, bad input.
 BEGIN;
 SELECT plan(29);
-SET LOCAL dq.now = '2024-01-01 10:00:00+00';
+SELECT set_config('dq.now', '2024-01-01 10:00:00+00', true);
 SET LOCAL TimeZone = 'America/New_York';
 
 SELECT is(
@@ -30,7 +30,7 @@ SELECT is((SELECT count(*)::int FROM dq_messages WHERE queue = 't_cron'), 2,
           'occurrences of the same configuration that were not offered again are kept');
 
 -- a changed configuration replaces pending occurrences, leaves leased ones
-SET LOCAL dq.now = '2024-01-01 10:00:01+00';
+SELECT set_config('dq.now', '2024-01-01 10:00:01+00', true);
 SELECT is((SELECT key FROM dq_poll('t_cron', '1 hour')), 'report/h1/20240101T100000.250000Z', 'lease one h1 occurrence');
 SELECT dq_offer('t_cron', 'reportx/h1/20240101T110000.000000Z', '1', '2024-01-01 11:00:00+00');
 SELECT dq_offer('t_cron', 'repor/h1/20240101T110000.000000Z', '1', '2024-01-01 11:00:00+00');
@@ -64,7 +64,7 @@ SELECT is(dq_cron_uninstall('t_cron', 'report', 'h2'), 0, 'uninstall of a hash w
 SELECT is(dq_cron_uninstall('t_cron', 'report', 'h1'), 1, 'uninstall with a hash deletes its pending occurrences');
 SELECT is((SELECT count(*)::int FROM dq_messages WHERE queue = 't_cron' AND key LIKE 'report/%'), 1,
           'the leased occurrence is left alone');
-SET LOCAL dq.now = '2024-01-01 11:00:02+00';
+SELECT set_config('dq.now', '2024-01-01 11:00:02+00', true);
 SELECT is(dq_cron_uninstall('t_cron', 'report'), 1, 'once its lease expired, uninstall deletes it');
 
 -- bad input: clear errors, nothing written

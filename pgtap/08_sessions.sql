@@ -1,17 +1,20 @@
 -- Across sessions (through dblink): polls skip rows other sessions are
 -- taking without waiting; dq_wakeup sends one notification per touched queue
 -- per statement at commit, none for ignored offers.
-\set ON_ERROR_STOP 1
-SET statement_timeout = '60s';
-SELECT format('dbname=%s port=%s user=%s host=%s', current_database(), current_setting('port'), current_user,
-              coalesce(nullif(split_part(current_setting('unix_socket_directories'), ',', 1), ''), '127.0.0.1'))
-       AS connstr \gset
 BEGIN;
+SET LOCAL statement_timeout = '60s';
+-- a connection string for another session on this same server
+CREATE FUNCTION pg_temp.here() RETURNS text LANGUAGE sql AS $$
+    SELECT format(
+        'dbname=%s port=%s user=%s host=%s', current_database(), current_setting('port'), current_user,
+        coalesce(nullif(split_part(current_setting('unix_socket_directories'), ',', 1), ''), '127.0.0.1')
+    )
+$$;
 CREATE EXTENSION IF NOT EXISTS dblink;
 SELECT plan(14);
-SELECT dblink_connect('producer', :'connstr');
-SELECT dblink_connect('holder', :'connstr');
-SELECT dblink_connect('listener', :'connstr');
+SELECT dblink_connect('producer', pg_temp.here());
+SELECT dblink_connect('holder', pg_temp.here());
+SELECT dblink_connect('listener', pg_temp.here());
 -- run a one-column query in another session; its row count
 CREATE FUNCTION pg_temp.remote(conn text, query text) RETURNS int LANGUAGE sql AS $$
     SELECT count(*)::int FROM dblink(conn, query) AS t (x text)

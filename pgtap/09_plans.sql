@@ -4,7 +4,7 @@
 -- switch to generic plans after five).
 BEGIN;
 SELECT plan(9);
-SET LOCAL dq.now = '2024-01-01 10:00:00+00';
+SELECT set_config('dq.now', '2024-01-01 10:00:00+00', true);
 
 INSERT INTO dq_messages (queue, key, payload, scheduled_at, due_at, created_at)
 SELECT 't_deep', 'f' || i, '{}', t, t, t
