@@ -5,9 +5,11 @@ SELECT plan(43);
 
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
-    (SELECT array_agg(a.attname::text || ' ' || format_type(a.atttypid, a.atttypmod) ORDER BY a.attnum)
-     FROM pg_attribute AS a
-     WHERE a.attrelid = 'dq_delivery'::regclass AND a.attnum > 0 AND NOT a.attisdropped),
+    (
+        SELECT array_agg(a.attname::text || ' ' || format_type(a.atttypid, a.atttypmod) ORDER BY a.attnum)
+        FROM pg_attribute AS a
+        WHERE a.attrelid = 'dq_delivery'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+    ),
     ARRAY[
         'id bigint', 'queue text', 'key text', 'payload jsonb', 'state jsonb',
         'scheduled_at timestamp with time zone', 'created_at timestamp with time zone',
@@ -18,71 +20,118 @@ SELECT is(
 );
 
 -- signature, result type and defaults of each public function
+CREATE TEMP TABLE ours AS
+SELECT
+    p.oid,
+    p.proname::text AS fn,
+    p.prosecdef,
+    p.proconfig,
+    p.prosrc
+FROM pg_proc AS p
+INNER JOIN pg_type AS t ON p.pronamespace = t.typnamespace
+WHERE t.oid = 'dq_delivery'::regtype AND p.proname LIKE 'dq\_%';
 CREATE TEMP TABLE expected (fn text, args text, result text);
 INSERT INTO expected VALUES
-('dq_offer', 'queue text, key text, payload jsonb, scheduled_at timestamp with time zone DEFAULT NULL::timestamp with time zone, can_update boolean DEFAULT true', 'text'),
-('dq_offer_many', 'queue text, keys text[], payloads jsonb[], scheduled_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], can_update boolean DEFAULT true', 'TABLE(key text, outcome text)'),
+(
+    'dq_offer',
+    'queue text, key text, payload jsonb, scheduled_at timestamp with time zone DEFAULT NULL::timestamp with time zone, can_update boolean DEFAULT true',  -- noqa: LT05
+    'text'
+),
+(
+    'dq_offer_many',
+    'queue text, keys text[], payloads jsonb[], scheduled_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], can_update boolean DEFAULT true',  -- noqa: LT05
+    'TABLE(key text, outcome text)'
+),
 ('dq_poll', 'queue text, lease interval DEFAULT ''00:05:00''::interval', 'SETOF dq_delivery'),
 ('dq_poll_many', 'queue text, max_count integer, lease interval DEFAULT ''00:05:00''::interval', 'SETOF dq_delivery'),
 ('dq_ack', 'lock_token uuid', 'boolean'),
 ('dq_ack_many', 'lock_tokens uuid[]', 'integer'),
-('dq_nack', 'lock_token uuid, retry_at timestamp with time zone DEFAULT NULL::timestamp with time zone, state jsonb DEFAULT NULL::jsonb', 'boolean'),
+(
+    'dq_nack',
+    'lock_token uuid, retry_at timestamp with time zone DEFAULT NULL::timestamp with time zone, state jsonb DEFAULT NULL::jsonb',
+    'boolean'
+),
 ('dq_extend', 'lock_token uuid, lease interval', 'timestamp with time zone'),
 ('dq_cancel', 'queue text, key text', 'boolean'),
-('dq_get', 'queue text, key text', 'TABLE(queue text, key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, due_at timestamp with time zone, attempts integer, leased boolean, created_at timestamp with time zone)'),
+(
+    'dq_get',
+    'queue text, key text',
+    'TABLE(queue text, key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, due_at timestamp with time zone, attempts integer, leased boolean, created_at timestamp with time zone)'  -- noqa: LT05
+),
 ('dq_purge', 'queue text', 'bigint'),
-('dq_stats', 'queue text DEFAULT NULL::text', 'TABLE(queue text, ready bigint, delayed bigint, leased bigint, oldest_ready_at timestamp with time zone, next_due_at timestamp with time zone)'),
+(
+    'dq_stats',
+    'queue text DEFAULT NULL::text',
+    'TABLE(queue text, ready bigint, delayed bigint, leased bigint, oldest_ready_at timestamp with time zone, next_due_at timestamp with time zone)'  -- noqa: LT05
+),
 ('dq_next_due', 'queue text', 'timestamp with time zone'),
 ('dq_version', '', 'text'),
 ('dq_now', '', 'timestamp with time zone'),
-('dq_cron_install', 'queue text, key_prefix text, config_hash text, scheduled_ats timestamp with time zone[], payloads jsonb[], can_update boolean DEFAULT false', 'integer'),
+(
+    'dq_cron_install',
+    'queue text, key_prefix text, config_hash text, scheduled_ats timestamp with time zone[], payloads jsonb[], can_update boolean DEFAULT false',  -- noqa: LT05
+    'integer'
+),
 ('dq_cron_uninstall', 'queue text, key_prefix text, config_hash text DEFAULT NULL::text', 'integer');
 
 SELECT is(
-    (SELECT pg_get_function_arguments(p.oid) FROM pg_proc AS p
-     WHERE p.proname = e.fn
-       AND p.pronamespace = (SELECT typnamespace FROM pg_type WHERE oid = 'dq_delivery'::regtype)),
+    (
+        SELECT pg_get_function_arguments(o.oid) FROM ours AS o
+        WHERE o.fn = e.fn
+    ),
     e.args,
     e.fn || ' has the api-v1 arguments and defaults'
-) FROM expected AS e ORDER BY e.fn;
+) FROM expected AS e
+ORDER BY e.fn;
 
 SELECT is(
-    (SELECT pg_get_function_result(p.oid) FROM pg_proc AS p
-     WHERE p.proname = e.fn
-       AND p.pronamespace = (SELECT typnamespace FROM pg_type WHERE oid = 'dq_delivery'::regtype)),
+    (
+        SELECT pg_get_function_result(o.oid) FROM ours AS o
+        WHERE o.fn = e.fn
+    ),
     e.result,
     e.fn || ' returns the api-v1 result shape'
-) FROM expected AS e ORDER BY e.fn;
+) FROM expected AS e
+ORDER BY e.fn;
 
 SELECT is(
-    (SELECT count(*)::int FROM pg_proc AS p
-     WHERE p.proname LIKE 'dq\_%' AND p.prosecdef
-       AND p.pronamespace = (SELECT typnamespace FROM pg_type WHERE oid = 'dq_delivery'::regtype)),
+    (
+        SELECT count(*)::int FROM ours AS o
+        WHERE o.prosecdef
+    ),
     0,
     'no pgdq function is SECURITY DEFINER'
 );
 SELECT is(
-    (SELECT array_agg(p.proname::text ORDER BY p.proname) FROM pg_proc AS p
-     WHERE p.proname LIKE 'dq\_%'
-       AND p.pronamespace = (SELECT typnamespace FROM pg_type WHERE oid = 'dq_delivery'::regtype)
-       AND NOT coalesce(array_to_string(p.proconfig, ',') LIKE 'search_path=pg_catalog%', false)
-       -- pure helpers qualify every name instead, so they can be inlined
-       AND NOT p.prosrc ~ 'pg_catalog\.'),
+    (
+        SELECT array_agg(o.fn ORDER BY o.fn) FROM ours AS o
+        WHERE
+            NOT coalesce(array_to_string(o.proconfig, ',') LIKE 'search_path=pg_catalog%', FALSE)
+            -- pure helpers qualify every name instead, so they can be inlined
+            AND o.prosrc !~ 'pg_catalog\.'
+    ),
     NULL,
     'every pgdq function pins search_path (or schema-qualifies everything)'
 );
 
 SELECT is(dq_version(), '1.0.0', 'dq_version() is the package version');
-SELECT is(dq_version(), (SELECT extversion FROM pg_extension WHERE extname = 'pgdq'),
-          'dq_version() matches the extension version');
+SELECT is(
+    dq_version(), (
+        SELECT extversion FROM pg_extension
+        WHERE extname = 'pgdq'
+    ),
+    'dq_version() matches the extension version'
+);
 
-SELECT set_config('dq.now', '2024-01-01 10:00:00+00', true);
+SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 SELECT is(dq_now(), '2024-01-01 10:00:00+00'::timestamptz, 'dq_now() follows dq.now');
-SELECT set_config('dq.now', '', true);
-SELECT ok(dq_now() BETWEEN clock_timestamp() - interval '1 minute' AND clock_timestamp(),
-          'dq_now() is the wall clock when dq.now is empty');
-SELECT set_config('dq.now', '', true);
-SELECT ok(dq_now() <> dq_now(), 'dq_now() is clock_timestamp(), not the transaction start');
+SELECT set_config('dq.now', '', TRUE);
+SELECT ok(
+    dq_now() BETWEEN clock_timestamp() - interval '1 minute' AND clock_timestamp(),
+    'dq_now() is the wall clock when dq.now is empty'
+);
+SELECT set_config('dq.now', '', TRUE);
+SELECT ok(dq_now() <> dq_now(), 'dq_now() is clock_timestamp(), not the transaction start');  -- noqa: ST10
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -2,7 +2,7 @@
 -- times, 100,000 elements, bad input writes nothing.
 BEGIN;
 SELECT plan(23);
-SELECT set_config('dq.now', '2024-01-01 10:00:00+00', true);
+SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 SELECT results_eq(
     $$SELECT key, outcome FROM dq_offer_many('t_many', ARRAY['a', 'b', 'c'], ARRAY['1', '2', '3']::jsonb[])$$,
@@ -43,30 +43,54 @@ SELECT is((SELECT count(*)::int FROM dq_offer_many('t_many', '{}', '{}')), 0, 'e
 
 -- 100,000 elements in one call
 SELECT is(
-    (SELECT count(*)::int FROM dq_offer_many('t_big',
-        ARRAY(SELECT 'k' || i FROM generate_series(1, 100000) AS i),
-        ARRAY(SELECT to_jsonb(i) FROM generate_series(1, 100000) AS i)) WHERE outcome = 'created'),
-    100000, '100,000 elements in one call are all created');
+    (SELECT count(
+        *
+    )::int FROM
+        dq_offer_many(
+            't_big',
+            array(SELECT 'k' || i FROM generate_series(1, 100000) AS i),
+            array(SELECT to_jsonb(i) FROM generate_series(1, 100000) AS i)
+        )
+    WHERE outcome = 'created'),
+    100000, '100,000 elements in one call are all created'
+);
 SELECT is((SELECT ready FROM dq_stats('t_big')), 100000::bigint, 'and stored');
 
 -- bad input: clear errors, nothing written
-SELECT throws_ok($$SELECT dq_offer_many('t_bad', ARRAY['a', 'b'], ARRAY['1']::jsonb[])$$, '22023',
-    'pgdq: keys, payloads and scheduled_ats must have equal lengths, got 2, 1 and NULL', 'arrays of different lengths');
-SELECT throws_ok($$SELECT dq_offer_many('t_bad', ARRAY['a'], ARRAY['1']::jsonb[], ARRAY[NULL, NULL]::timestamptz[])$$, '22023',
-    'pgdq: keys, payloads and scheduled_ats must have equal lengths, got 1, 1 and 2', 'scheduled_ats of another length');
-SELECT throws_ok($$SELECT dq_offer_many('t_bad', ARRAY['a', NULL], ARRAY['1', '2']::jsonb[])$$, '22004',
-    'pgdq: keys[2] must not be NULL', 'a NULL key element');
-SELECT throws_ok($$SELECT dq_offer_many('t_bad', ARRAY['a', 'b'], ARRAY['1', NULL]::jsonb[])$$, '22004',
-    'pgdq: payloads[2] must not be NULL', 'a NULL payload element');
+SELECT throws_ok(
+    $$SELECT dq_offer_many('t_bad', ARRAY['a', 'b'], ARRAY['1']::jsonb[])$$, '22023',
+    'pgdq: keys, payloads and scheduled_ats must have equal lengths, got 2, 1 and NULL', 'arrays of different lengths'
+);
+SELECT throws_ok(
+    $$SELECT dq_offer_many('t_bad', ARRAY['a'], ARRAY['1']::jsonb[], ARRAY[NULL, NULL]::timestamptz[])$$, '22023',
+    'pgdq: keys, payloads and scheduled_ats must have equal lengths, got 1, 1 and 2', 'scheduled_ats of another length'
+);
+SELECT throws_ok(
+    $$SELECT dq_offer_many('t_bad', ARRAY['a', NULL], ARRAY['1', '2']::jsonb[])$$, '22004',
+    'pgdq: keys[2] must not be NULL', 'a NULL key element'
+);
+SELECT throws_ok(
+    $$SELECT dq_offer_many('t_bad', ARRAY['a', 'b'], ARRAY['1', NULL]::jsonb[])$$, '22004',
+    'pgdq: payloads[2] must not be NULL', 'a NULL payload element'
+);
 SELECT throws_ok($$SELECT dq_offer_many('t_bad', NULL, ARRAY['1']::jsonb[])$$, '22004', 'pgdq: keys must not be NULL', 'NULL keys');
 SELECT throws_ok($$SELECT dq_offer_many('t_bad', ARRAY['a'], NULL)$$, '22004', 'pgdq: payloads must not be NULL', 'NULL payloads');
-SELECT throws_ok($$SELECT dq_offer_many('t_bad', ARRAY['a', ''], ARRAY['1', '2']::jsonb[])$$, '22023',
-    'pgdq: keys[2] must be 1 to 200 characters long, got 0', 'an empty key element');
-SELECT throws_ok($$SELECT dq_offer_many('t_bad', ARRAY['a'], ARRAY['1']::jsonb[], NULL, NULL)$$, '22004',
-    'pgdq: can_update must not be NULL', 'NULL can_update');
-SELECT throws_ok($$SELECT dq_offer_many(NULL, ARRAY['a'], ARRAY['1']::jsonb[])$$, '22004',
-    'pgdq: queue must not be NULL', 'NULL queue');
-SELECT is((SELECT count(*)::int FROM dq_messages WHERE queue = 't_bad'), 0, 'bad batches wrote nothing');
+SELECT throws_ok(
+    $$SELECT dq_offer_many('t_bad', ARRAY['a', ''], ARRAY['1', '2']::jsonb[])$$, '22023',
+    'pgdq: keys[2] must be 1 to 200 characters long, got 0', 'an empty key element'
+);
+SELECT throws_ok(
+    $$SELECT dq_offer_many('t_bad', ARRAY['a'], ARRAY['1']::jsonb[], NULL, NULL)$$, '22004',
+    'pgdq: can_update must not be NULL', 'NULL can_update'
+);
+SELECT throws_ok(
+    $$SELECT dq_offer_many(NULL, ARRAY['a'], ARRAY['1']::jsonb[])$$, '22004',
+    'pgdq: queue must not be NULL', 'NULL queue'
+);
+SELECT is((
+    SELECT count(*)::int FROM dq_messages
+    WHERE queue = 't_bad'
+), 0, 'bad batches wrote nothing');
 
 SELECT * FROM finish();
 ROLLBACK;

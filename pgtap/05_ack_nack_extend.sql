@@ -2,51 +2,96 @@
 -- retry times, checkpoints, heartbeats.
 BEGIN;
 SELECT plan(35);
-SELECT set_config('dq.now', '2024-01-01 10:00:00+00', true);
+SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 SELECT dq_offer_many('t_ack', ARRAY['a', 'b', 'c', 'd', 'e'], ARRAY['1', '2', '3', '4', '5']::jsonb[]);
 CREATE TEMP TABLE d AS SELECT * FROM dq_poll_many('t_ack', 5, '1 minute');
 
 -- ack
-SELECT ok(dq_ack((SELECT lock_token FROM d WHERE key = 'a')), 'ack with the current token deletes');
+SELECT ok(dq_ack((
+    SELECT lock_token FROM d
+    WHERE key = 'a'
+)), 'ack with the current token deletes');
 SELECT is((SELECT count(*)::int FROM dq_get('t_ack', 'a')), 0, 'the message is gone');
-SELECT ok(NOT dq_ack((SELECT lock_token FROM d WHERE key = 'a')), 'acking twice is harmless and false');
+SELECT ok(NOT dq_ack((
+    SELECT lock_token FROM d
+    WHERE key = 'a'
+)), 'acking twice is harmless and false');
 SELECT ok(NOT dq_ack(NULL), 'dq_ack(NULL) is false');
 SELECT ok(NOT dq_ack(gen_random_uuid()), 'an unknown token is false');
-SELECT ok(NOT dq_ack(('00000000-0000-' || lpad(to_hex((SELECT id FROM d WHERE key = 'b')), 4, '0')
-                      || '-0000-000000000000')::uuid), 'a forged token with the right id is stale');
+SELECT ok(NOT dq_ack((
+    '00000000-0000-' || lpad(to_hex((
+        SELECT id FROM d
+        WHERE key = 'b'
+    )), 4, '0')
+    || '-0000-000000000000'
+)::uuid), 'a forged token with the right id is stale');
 
 -- ack_many
-SELECT is(dq_ack_many(ARRAY[(SELECT lock_token FROM d WHERE key = 'b'), NULL,
-                            (SELECT lock_token FROM d WHERE key = 'c'),
-                            (SELECT lock_token FROM d WHERE key = 'a'),
-                            (SELECT lock_token FROM d WHERE key = 'b')]),
-          2, 'dq_ack_many counts current tokens once, ignores NULL and stale ones');
+SELECT is(dq_ack_many(ARRAY[
+    (
+        SELECT lock_token FROM d
+        WHERE key = 'b'
+    ), NULL,
+    (
+        SELECT lock_token FROM d
+        WHERE key = 'c'
+    ),
+    (
+        SELECT lock_token FROM d
+        WHERE key = 'a'
+    ),
+    (
+        SELECT lock_token FROM d
+        WHERE key = 'b'
+    )
+]),
+2, 'dq_ack_many counts current tokens once, ignores NULL and stale ones');
 SELECT is(dq_ack_many(NULL), 0, 'dq_ack_many(NULL) is 0');
 SELECT is(dq_ack_many('{}'), 0, 'dq_ack_many of nothing is 0');
 
 -- a token whose lease expired but was not leased again is still valid
-SELECT set_config('dq.now', '2024-01-01 10:05:00+00', true);
-SELECT ok(dq_ack((SELECT lock_token FROM d WHERE key = 'd')), 'an expired but not re-leased token still acks');
+SELECT set_config('dq.now', '2024-01-01 10:05:00+00', TRUE);
+SELECT ok(dq_ack((
+    SELECT lock_token FROM d
+    WHERE key = 'd'
+)), 'an expired but not re-leased token still acks');
 
 -- re-leased by another poll: the old token is stale
 CREATE TEMP TABLE d2 AS SELECT * FROM dq_poll('t_ack', '1 minute');
 SELECT is((SELECT key FROM d2), 'e', 'e is leased again after its lease expired');
-SELECT ok(NOT dq_ack((SELECT lock_token FROM d WHERE key = 'e')), 'the previous token is stale once leased again');
-SELECT ok(NOT dq_nack((SELECT lock_token FROM d WHERE key = 'e')), 'and cannot nack');
-SELECT is(dq_extend((SELECT lock_token FROM d WHERE key = 'e'), '1 minute'), NULL, 'and cannot extend');
+SELECT ok(NOT dq_ack((
+    SELECT lock_token FROM d
+    WHERE key = 'e'
+)), 'the previous token is stale once leased again');
+SELECT ok(NOT dq_nack((
+    SELECT lock_token FROM d
+    WHERE key = 'e'
+)), 'and cannot nack');
+SELECT is(dq_extend((
+    SELECT lock_token FROM d
+    WHERE key = 'e'
+), '1 minute'), NULL, 'and cannot extend');
 
 -- extend
-SELECT is(dq_extend((SELECT lock_token FROM d2), '10 minutes'), '2024-01-01 10:15:00+00'::timestamptz,
-          'extend leases until now + lease and returns it');
+SELECT is(
+    dq_extend((SELECT lock_token FROM d2), '10 minutes'), '2024-01-01 10:15:00+00'::timestamptz,
+    'extend leases until now + lease and returns it'
+);
 SELECT is((SELECT due_at FROM dq_get('t_ack', 'e')), '2024-01-01 10:15:00+00'::timestamptz, 'the lease moved');
-SELECT is(dq_extend((SELECT lock_token FROM d2), '1 second'), '2024-01-01 10:05:01+00'::timestamptz,
-          'extend may shorten the lease');
+SELECT is(
+    dq_extend((SELECT lock_token FROM d2), '1 second'), '2024-01-01 10:05:01+00'::timestamptz,
+    'extend may shorten the lease'
+);
 SELECT is(dq_extend(NULL, '1 minute'), NULL, 'dq_extend(NULL, ...) is NULL');
-SELECT throws_ok(format('SELECT dq_extend(%L, %L)', (SELECT lock_token FROM d2), '0 seconds'), '22023',
-                 'pgdq: lease must be positive, got 00:00:00', 'extend with a zero lease');
-SELECT throws_ok(format('SELECT dq_extend(%L, NULL)', (SELECT lock_token FROM d2)), '22004',
-                 'pgdq: lease must not be NULL', 'extend with a NULL lease');
+SELECT throws_ok(
+    format('SELECT dq_extend(%L, %L)', (SELECT lock_token FROM d2), '0 seconds'), '22023',
+    'pgdq: lease must be positive, got 00:00:00', 'extend with a zero lease'
+);
+SELECT throws_ok(
+    format('SELECT dq_extend(%L, NULL)', (SELECT lock_token FROM d2)), '22004',
+    'pgdq: lease must not be NULL', 'extend with a NULL lease'
+);
 SELECT is((SELECT due_at FROM dq_get('t_ack', 'e')), '2024-01-01 10:05:01+00'::timestamptz, 'bad extends changed nothing');
 SELECT ok(dq_ack((SELECT lock_token FROM d2)), 'the token stays valid across extends');
 
@@ -61,7 +106,7 @@ SELECT ok(NOT (SELECT leased FROM dq_get('t_nack', 'n')), 'no longer leased');
 SELECT is((SELECT attempts FROM dq_get('t_nack', 'n')), 1, 'attempts are kept');
 SELECT is((SELECT state FROM dq_get('t_nack', 'n')), '{"step": 1}'::jsonb, 'the state is stored');
 SELECT is((SELECT scheduled_at FROM dq_get('t_nack', 'n')), '2024-01-01 10:05:00+00'::timestamptz, 'a nack does not move scheduled_at');
-SELECT set_config('dq.now', '2024-01-01 11:00:00+00', true);
+SELECT set_config('dq.now', '2024-01-01 11:00:00+00', TRUE);
 CREATE TEMP TABLE n2 AS SELECT * FROM dq_poll('t_nack', '1 minute');
 SELECT is((SELECT state FROM n2), '{"step": 1}'::jsonb, 'the next delivery carries the checkpoint');
 SELECT ok(dq_nack((SELECT lock_token FROM n2)), 'nack without retry_at or state');

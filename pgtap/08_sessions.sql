@@ -22,13 +22,20 @@ $$;
 
 -- a poll never waits for, and never returns, rows another session is taking
 SELECT pg_temp.remote('producer', $$SELECT dq_purge('t_sess') + dq_purge('t_sess2')$$);
-SELECT pg_temp.remote('producer', $$SELECT count(*) FROM dq_offer_many('t_sess', ARRAY['a', 'b', 'c', 'd'], ARRAY['1', '2', '3', '4']::jsonb[])$$);
+SELECT
+    pg_temp.remote(
+        'producer', $$SELECT count(*) FROM dq_offer_many('t_sess', ARRAY['a', 'b', 'c', 'd'], ARRAY['1', '2', '3', '4']::jsonb[])$$
+    );
 SELECT dblink_exec('holder', 'BEGIN');
-SELECT is((SELECT array_agg(k ORDER BY k) FROM dblink('holder', $$SELECT key FROM dq_poll_many('t_sess', 2)$$) AS t (k text)),
-          ARRAY['a', 'b'], 'another session leases a and b and keeps its transaction open');
+SELECT is(
+    (SELECT array_agg(t.k ORDER BY t.k) FROM dblink('holder', $$SELECT key FROM dq_poll_many('t_sess', 2)$$) AS t (k text)),
+    ARRAY['a', 'b'], 'another session leases a and b and keeps its transaction open'
+);
 SET LOCAL lock_timeout = '200ms';
-SELECT results_eq($$SELECT key FROM dq_poll_many('t_sess', 10)$$, $$VALUES ('c'), ('d')$$,
-                  'a poll skips the rows being taken, without waiting');
+SELECT results_eq(
+    $$SELECT key FROM dq_poll_many('t_sess', 10)$$, $$VALUES ('c'), ('d')$$,
+    'a poll skips the rows being taken, without waiting'
+);
 SELECT dblink_exec('holder', 'ROLLBACK');
 
 -- wakeups
@@ -41,44 +48,80 @@ $$;
 
 SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_sess2', 'k1', '1')$$);
 SELECT pg_temp.hear(1);
-SELECT results_eq($$SELECT channel, payload FROM heard WHERE n = 1$$, $$VALUES ('dq_wakeup', 't_sess2')$$,
-                  'a created offer sends one notification on dq_wakeup, payload the queue');
+SELECT results_eq(
+    $$SELECT channel, payload FROM heard WHERE n = 1$$, $$VALUES ('dq_wakeup', 't_sess2')$$,
+    'a created offer sends one notification on dq_wakeup, payload the queue'
+);
 SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_sess2', 'k1', '1')$$);
 SELECT pg_temp.hear(2);
-SELECT is((SELECT count(*)::int FROM heard WHERE n = 2), 0, 'an ignored offer sends none');
+SELECT is((
+    SELECT count(*)::int FROM heard
+    WHERE n = 2
+), 0, 'an ignored offer sends none');
 SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_sess2', 'k1', '2')$$);
 SELECT pg_temp.hear(3);
-SELECT is((SELECT count(*)::int FROM heard WHERE n = 3), 1, 'an updated offer sends one');
-SELECT pg_temp.remote('producer', $$SELECT count(*) FROM dq_offer_many('t_sess2', ARRAY['m1', 'm2', 'm3', 'k1'], ARRAY['1', '2', '3', '4']::jsonb[])$$);
+SELECT is((
+    SELECT count(*)::int FROM heard
+    WHERE n = 3
+), 1, 'an updated offer sends one');
+SELECT
+    pg_temp.remote(
+        'producer', $$SELECT count(*) FROM dq_offer_many('t_sess2', ARRAY['m1', 'm2', 'm3', 'k1'], ARRAY['1', '2', '3', '4']::jsonb[])$$
+    );
 SELECT pg_temp.hear(4);
 SELECT results_eq($$SELECT payload FROM heard WHERE n = 4$$, $$VALUES ('t_sess2')$$, 'dq_offer_many sends exactly one per statement');
 SELECT pg_temp.remote('producer', $$SELECT count(*) FROM dq_offer_many('t_sess2', ARRAY['m1', 'm2'], ARRAY['1', '2']::jsonb[])$$);
 SELECT pg_temp.hear(5);
-SELECT is((SELECT count(*)::int FROM heard WHERE n = 5), 0, 'a batch that only ignores sends none');
-SELECT pg_temp.remote('producer', $$SELECT dq_cron_install('t_sess2', 'cr', 'h', ARRAY['2999-01-01 00:00:00+00'::timestamptz], ARRAY['1']::jsonb[])$$);
+SELECT is((
+    SELECT count(*)::int FROM heard
+    WHERE n = 5
+), 0, 'a batch that only ignores sends none');
+SELECT
+    pg_temp.remote(
+        'producer', $$SELECT dq_cron_install('t_sess2', 'cr', 'h', ARRAY['2999-01-01 00:00:00+00'::timestamptz], ARRAY['1']::jsonb[])$$
+    );
 SELECT pg_temp.hear(6);
 SELECT results_eq($$SELECT payload FROM heard WHERE n = 6$$, $$VALUES ('t_sess2')$$, 'dq_cron_install sends one');
-SELECT pg_temp.remote('producer', $$SELECT dq_cron_install('t_sess2', 'cr', 'h', ARRAY['2999-01-01 00:00:00+00'::timestamptz], ARRAY['1']::jsonb[])$$);
+SELECT
+    pg_temp.remote(
+        'producer', $$SELECT dq_cron_install('t_sess2', 'cr', 'h', ARRAY['2999-01-01 00:00:00+00'::timestamptz], ARRAY['1']::jsonb[])$$
+    );
 SELECT pg_temp.hear(7);
-SELECT is((SELECT count(*)::int FROM heard WHERE n = 7), 0, 'a cron install that creates nothing sends none');
+SELECT is((
+    SELECT count(*)::int FROM heard
+    WHERE n = 7
+), 0, 'a cron install that creates nothing sends none');
 
 SELECT dblink_exec('producer', 'BEGIN');
 SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_sess2', 'tx1', '1')$$);
 SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_sess', 'tx2', '1')$$);
 SELECT pg_temp.hear(8);
-SELECT is((SELECT count(*)::int FROM heard WHERE n = 8), 0, 'nothing is sent before commit');
+SELECT is((
+    SELECT count(*)::int FROM heard
+    WHERE n = 8
+), 0, 'nothing is sent before commit');
 SELECT dblink_exec('producer', 'COMMIT');
 SELECT pg_temp.hear(9);
-SELECT results_eq($$SELECT payload FROM heard WHERE n = 9 ORDER BY payload$$, $$VALUES ('t_sess'), ('t_sess2')$$,
-                  'at commit, one notification per queue touched');
+SELECT results_eq(
+    $$SELECT payload FROM heard WHERE n = 9 ORDER BY payload$$, $$VALUES ('t_sess'), ('t_sess2')$$,
+    'at commit, one notification per queue touched'
+);
 SELECT dblink_exec('producer', 'BEGIN');
 SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_sess2', 'rb', '1')$$);
 SELECT dblink_exec('producer', 'ROLLBACK');
 SELECT pg_temp.hear(10);
-SELECT is((SELECT count(*)::int FROM heard WHERE n = 10), 0, 'a rolled-back offer sends none');
-SELECT is((SELECT count(*)::int FROM dblink('producer', $$SELECT key FROM dq_get('t_sess2', 'rb')$$) AS t (q text)), 0,
-          'and leaves no message');
-SELECT is((SELECT count(*)::int FROM heard WHERE channel <> 'dq_wakeup'), 0, 'only the dq_wakeup channel is used');
+SELECT is((
+    SELECT count(*)::int FROM heard
+    WHERE n = 10
+), 0, 'a rolled-back offer sends none');
+SELECT is(
+    (SELECT count(*)::int FROM dblink('producer', $$SELECT key FROM dq_get('t_sess2', 'rb')$$) AS t (k text)), 0,  -- noqa: AL05
+    'and leaves no message'
+);
+SELECT is((
+    SELECT count(*)::int FROM heard
+    WHERE channel <> 'dq_wakeup'
+), 0, 'only the dq_wakeup channel is used');
 
 SELECT dblink_disconnect('producer');
 SELECT dblink_disconnect('holder');

@@ -4,16 +4,30 @@
 -- switch to generic plans after five).
 BEGIN;
 SELECT plan(9);
-SELECT set_config('dq.now', '2024-01-01 10:00:00+00', true);
+SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 INSERT INTO dq_messages (queue, key, payload, scheduled_at, due_at, created_at)
-SELECT 't_deep', 'f' || i, '{}', t, t, t
-FROM generate_series(1, 100000) AS i,
-     LATERAL (SELECT '2024-01-02 00:00:00+00'::timestamptz + i * interval '1 second' AS t) AS s;
+SELECT
+    't_deep' AS queue,
+    'f' || g.t AS key,
+    '{}' AS payload,
+    g.t AS scheduled_at,
+    g.t AS due_at,
+    g.t AS created_at
+FROM generate_series(
+    '2024-01-02 00:00:01+00'::timestamptz, '2024-01-03 03:46:40+00', interval '1 second'
+) AS g (t);
 INSERT INTO dq_messages (queue, key, payload, scheduled_at, due_at, created_at)
-SELECT 't_deep_other', 'o' || i, '{}', t, t, t
-FROM generate_series(1, 100000) AS i,
-     LATERAL (SELECT '2024-01-01 00:00:00+00'::timestamptz + i * interval '100 ms' AS t) AS s;
+SELECT
+    't_deep_other' AS queue,
+    'o' || g.t AS key,
+    '{}' AS payload,
+    g.t AS scheduled_at,
+    g.t AS due_at,
+    g.t AS created_at
+FROM generate_series(
+    '2024-01-01 00:00:00.1+00'::timestamptz, '2024-01-01 02:46:40+00', interval '100 ms'
+) AS g (t);
 ANALYZE dq_messages;
 
 -- shared blocks (hit + read) touched by one call, nested statements included
@@ -26,17 +40,24 @@ END $$;
 
 -- warm up: the first call in a session also reads the catalogs
 SELECT pg_temp.blocks($$SELECT * FROM dq_poll('t_warm')$$) + pg_temp.blocks($$SELECT dq_next_due('t_warm')$$) AS warm_up;
-SELECT cmp_ok(pg_temp.blocks($$SELECT * FROM dq_poll('t_deep')$$), '<=', 12,
-              'dq_poll with 100,000 future messages and none due reads a handful of pages');
-SELECT cmp_ok(pg_temp.blocks($$SELECT * FROM dq_poll_many('t_deep', 100)$$), '<=', 12,
-              'dq_poll_many(100) likewise');
+SELECT cmp_ok(
+    pg_temp.blocks($$SELECT * FROM dq_poll('t_deep')$$), '<=', 12,
+    'dq_poll with 100,000 future messages and none due reads a handful of pages'
+);
+SELECT cmp_ok(
+    pg_temp.blocks($$SELECT * FROM dq_poll_many('t_deep', 100)$$), '<=', 12,
+    'dq_poll_many(100) likewise'
+);
 SELECT cmp_ok(pg_temp.blocks($$SELECT dq_next_due('t_deep')$$), '<=', 12, 'dq_next_due likewise');
-SELECT cmp_ok(pg_temp.blocks($$SELECT * FROM dq_poll_many('t_empty_queue', 100)$$), '<=', 12,
-              'a poll of an empty queue beside 200,000 messages likewise');
+SELECT cmp_ok(
+    pg_temp.blocks($$SELECT * FROM dq_poll_many('t_empty_queue', 100)$$), '<=', 12,
+    'a poll of an empty queue beside 200,000 messages likewise'
+);
 
 -- thousands of calls: every plan, custom or generic, stays on the indexes
 CREATE TEMP TABLE scans_before AS
-SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relid = 'dq_messages'::regclass;
+SELECT seq_scan FROM pg_stat_xact_user_tables
+WHERE relid = 'dq_messages'::regclass;
 DO $$
 BEGIN
     FOR i IN 1..2000 LOOP
@@ -51,9 +72,13 @@ BEGIN
     END LOOP;
 END $$;
 SELECT is(
-    (SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relid = 'dq_messages'::regclass),
+    (
+        SELECT seq_scan FROM pg_stat_xact_user_tables
+        WHERE relid = 'dq_messages'::regclass
+    ),
     (SELECT seq_scan FROM scans_before),
-    'no sequential scan of dq_messages in 8,400 polls, acks, nacks and extends');
+    'no sequential scan of dq_messages in 8,400 polls, acks, nacks and extends'
+);
 SELECT cmp_ok(pg_temp.blocks($$SELECT * FROM dq_poll('t_deep')$$), '<=', 12, 'dq_poll still reads a handful of pages');
 SELECT cmp_ok(pg_temp.blocks($$SELECT * FROM dq_poll_many('t_deep', 100)$$), '<=', 12, 'dq_poll_many still does');
 SELECT cmp_ok(pg_temp.blocks($$SELECT dq_next_due('t_deep')$$), '<=', 12, 'dq_next_due still does');

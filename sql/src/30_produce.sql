@@ -27,7 +27,7 @@ CREATE FUNCTION dq_offer(
     key text,
     payload jsonb,
     scheduled_at timestamptz DEFAULT NULL,
-    can_update boolean DEFAULT true
+    can_update boolean DEFAULT TRUE
 ) RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp
@@ -236,7 +236,7 @@ CREATE FUNCTION dq_offer_many(
     keys text[],
     payloads jsonb[],
     scheduled_ats timestamptz[] DEFAULT NULL,
-    can_update boolean DEFAULT true
+    can_update boolean DEFAULT TRUE
 ) RETURNS TABLE (key text, outcome text)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp

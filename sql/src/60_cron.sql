@@ -78,7 +78,7 @@ CREATE FUNCTION dq_cron_install(
     config_hash text,
     scheduled_ats timestamptz[],
     payloads jsonb[],
-    can_update boolean DEFAULT false
+    can_update boolean DEFAULT FALSE
 ) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp
