@@ -1,0 +1,287 @@
+"""AsyncQueue: one queue of pgdq, over asyncio and psycopg 3.
+
+This file is the source: _sync_queue.py is generated from it by
+python/tools/gen_sync.py (as psycopg generates its own sync code), so the two
+APIs never drift. Edit this file, then run `make sync-code`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from . import _statements as st
+from .codec import Codec, JsonCodec
+from .errors import StaleToken, translate
+from .model import Message, MessageInfo, OfferOutcome, OfferResult, QueueStats
+
+AsyncSource = AsyncConnection[Any] | AsyncConnectionPool[Any] | str
+
+
+@dataclass(frozen=True)
+class AsyncDelivery:
+    """A leased message (all dq_delivery fields) with its ack/nack/extend."""
+
+    id: int
+    queue: str
+    key: str
+    payload: Any
+    state: Any
+    scheduled_at: datetime
+    created_at: datetime
+    attempts: int
+    redelivery: bool
+    lock_token: UUID
+    lease_until: datetime
+    source: AsyncQueue = field(repr=False, compare=False)
+
+    async def ack(self, *, conn: AsyncConnection[Any] | None = None) -> None:
+        """Delete the message; StaleToken if this delivery is no longer current."""
+        if not await self.source.ack(self.lock_token, conn=conn):
+            raise StaleToken(f"cannot ack {self.key!r}: the delivery is no longer current")
+
+    async def nack(
+        self,
+        retry_at: datetime | None = None,
+        state: Any = None,
+        *,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> None:
+        """Give the message back, due at retry_at (None: now), saving state if given."""
+        if not await self.source.nack(self.lock_token, retry_at, state, conn=conn):
+            raise StaleToken(f"cannot nack {self.key!r}: the delivery is no longer current")
+
+    async def extend(self, lease: st.Lease, *, conn: AsyncConnection[Any] | None = None) -> datetime:
+        """Lease until now + lease; the new lease end. StaleToken if not current."""
+        until = await self.source.extend(self.lock_token, lease, conn=conn)
+        if until is None:
+            raise StaleToken(f"cannot extend {self.key!r}: the delivery is no longer current")
+        return until
+
+
+class AsyncQueue:
+    """One queue of pgdq. Every method is one SQL statement: one round trip.
+
+    source is an AsyncConnection (used as it is: its transaction is yours), an
+    AsyncConnectionPool (one pooled connection per call, committed on return)
+    or a conninfo string (one autocommit connection, opened on first use).
+    Methods that write take conn= to run inside your own transaction instead.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        source: AsyncSource,
+        *,
+        schema: str | None = None,
+        codec: Codec | None = None,
+        payload_type: type[Any] | None = None,
+        lease: st.Lease = timedelta(minutes=5),
+    ) -> None:
+        self.name = name
+        self.codec: Codec = codec if codec is not None else JsonCodec(payload_type)
+        self.lease = st.lease(lease)
+        self._source = source
+        self._own: AsyncConnection[Any] | None = None
+        self._sql = st.statements(schema)
+
+    async def __aenter__(self) -> AsyncQueue:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection this queue opened itself (never yours or the pool)."""
+        if self._own is not None:
+            await self._own.close()
+            self._own = None
+
+    @asynccontextmanager
+    async def _connection(self, conn: AsyncConnection[Any] | None) -> AsyncIterator[AsyncConnection[Any]]:
+        if conn is not None:
+            yield conn
+        elif isinstance(self._source, AsyncConnectionPool):
+            async with self._source.connection() as pooled:
+                yield pooled
+        elif isinstance(self._source, str):
+            if self._own is None or self._own.closed:
+                self._own = await AsyncConnection.connect(self._source, autocommit=True)
+            yield self._own
+        else:
+            yield self._source
+
+    async def _rows(
+        self, method: str, params: Sequence[Any], conn: AsyncConnection[Any] | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Run the method's one statement; its rows. Server errors become pgdq's."""
+        async with self._connection(conn) as c:
+            try:
+                cur = await c.execute(self._sql[method], params)
+                return await cur.fetchall()
+            except psycopg.Error as e:
+                raise translate(e) from e
+
+    async def _value(self, method: str, params: Sequence[Any], conn: AsyncConnection[Any] | None = None) -> Any:
+        rows = await self._rows(method, params, conn)
+        return rows[0][0]
+
+    def _lease(self, lease: st.Lease | None) -> timedelta | None:
+        """The lease to ask for: the given one, else the queue's default."""
+        return self.lease if lease is None else st.lease(lease)
+
+    def _delivery(self, row: tuple[Any, ...]) -> AsyncDelivery:
+        id_, queue, key, payload, state, scheduled_at, created_at, attempts, redelivery, token, until = row
+        return AsyncDelivery(
+            id=id_,
+            queue=queue,
+            key=key,
+            payload=self.codec.load(payload),
+            state=state,
+            scheduled_at=scheduled_at,
+            created_at=created_at,
+            attempts=attempts,
+            redelivery=redelivery,
+            lock_token=token,
+            lease_until=until,
+            source=self,
+        )
+
+    # producing
+
+    async def offer(
+        self,
+        key: str,
+        payload: Any,
+        scheduled_at: datetime | None = None,
+        *,
+        can_update: bool = True,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> OfferOutcome:
+        """Offer one message (dq_offer): created, updated or ignored."""
+        params = (self.name, key, self.codec.dumps(payload), st.aware(scheduled_at, "scheduled_at"), can_update)
+        return OfferOutcome(await self._value("offer", params, conn))
+
+    async def offer_many(
+        self,
+        messages: Iterable[Message | tuple[Any, ...]],
+        *,
+        can_update: bool = True,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> list[OfferResult]:
+        """Offer a batch (dq_offer_many): one result per element, in order."""
+        keys, payloads, times = st.split_messages(messages)
+        params = (self.name, keys, [self.codec.dumps(p) for p in payloads], times, can_update)
+        rows = await self._rows("offer_many", params, conn)
+        return [OfferResult(key, OfferOutcome(outcome)) for key, outcome in rows]
+
+    # consuming
+
+    async def poll(
+        self, lease: st.Lease | None = None, *, conn: AsyncConnection[Any] | None = None
+    ) -> AsyncDelivery | None:
+        """Lease the earliest due message (dq_poll), or None."""
+        rows = await self._rows("poll", (self.name, self._lease(lease)), conn)
+        return self._delivery(rows[0]) if rows else None
+
+    async def poll_many(
+        self, max_count: int, lease: st.Lease | None = None, *, conn: AsyncConnection[Any] | None = None
+    ) -> list[AsyncDelivery]:
+        """Lease up to max_count due messages, earliest due first (dq_poll_many)."""
+        rows = await self._rows("poll_many", (self.name, max_count, self._lease(lease)), conn)
+        return [self._delivery(r) for r in rows]
+
+    async def ack(self, lock_token: UUID | None, *, conn: AsyncConnection[Any] | None = None) -> bool:
+        """Delete the message leased under lock_token; False when stale (dq_ack)."""
+        return bool(await self._value("ack", (lock_token,), conn))
+
+    async def ack_many(
+        self, lock_tokens: Sequence[UUID | None] | None, *, conn: AsyncConnection[Any] | None = None
+    ) -> int:
+        """Ack a batch of tokens; how many were current (dq_ack_many)."""
+        return int(await self._value("ack_many", (st.token_list(lock_tokens),), conn))
+
+    async def nack(
+        self,
+        lock_token: UUID | None,
+        retry_at: datetime | None = None,
+        state: Any = None,
+        *,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> bool:
+        """Give a leased message back, due at retry_at (None: now); False when stale."""
+        saved = None if state is None else self.codec.dumps(state)
+        params = (lock_token, st.aware(retry_at, "retry_at"), saved)
+        return bool(await self._value("nack", params, conn))
+
+    async def extend(
+        self, lock_token: UUID | None, lease: st.Lease, *, conn: AsyncConnection[Any] | None = None
+    ) -> datetime | None:
+        """Lease until now + lease; the new lease end, or None when stale (dq_extend)."""
+        until: datetime | None = await self._value("extend", (lock_token, st.lease(lease)), conn)
+        return until
+
+    # managing
+
+    async def cancel(self, key: str, *, conn: AsyncConnection[Any] | None = None) -> bool:
+        """Delete the message of key, leased or not; True if there was one."""
+        return bool(await self._value("cancel", (self.name, key), conn))
+
+    async def get(self, key: str, *, conn: AsyncConnection[Any] | None = None) -> MessageInfo | None:
+        """The message of key without locking or changing it, or None."""
+        rows = await self._rows("get", (self.name, key), conn)
+        if not rows:
+            return None
+        queue, key_, payload, *rest = rows[0]
+        return MessageInfo(queue, key_, self.codec.load(payload), *rest)
+
+    async def purge(self, *, conn: AsyncConnection[Any] | None = None) -> int:
+        """Delete every message of the queue; how many."""
+        return int(await self._value("purge", (self.name,), conn))
+
+    async def stats(self, *, conn: AsyncConnection[Any] | None = None) -> QueueStats:
+        """Ready, delayed and leased counts of the queue (dq_stats)."""
+        rows = await self._rows("stats", (self.name,), conn)
+        return QueueStats(*rows[0])
+
+    async def next_due(self, *, conn: AsyncConnection[Any] | None = None) -> datetime | None:
+        """The earliest due time in the queue (leases by their end), or None."""
+        due: datetime | None = await self._value("next_due", (self.name,), conn)
+        return due
+
+    # recurring
+
+    async def cron_install(
+        self,
+        key_prefix: str,
+        config_hash: str,
+        occurrences: Iterable[tuple[datetime, Any]],
+        *,
+        can_update: bool = False,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> int:
+        """Install (time, payload) occurrences under key_prefix/config_hash,
+        replacing other configurations' pending ones; how many were created."""
+        pairs = list(occurrences)
+        times = [st.aware(at, f"occurrences[{i}]") for i, (at, _) in enumerate(pairs)]
+        payloads = [self.codec.dumps(p) for _, p in pairs]
+        params = (self.name, key_prefix, config_hash, times, payloads, can_update)
+        return int(await self._value("cron_install", params, conn))
+
+    async def cron_uninstall(
+        self, key_prefix: str, config_hash: str | None = None, *, conn: AsyncConnection[Any] | None = None
+    ) -> int:
+        """Delete key_prefix's pending occurrences (only config_hash's if given)."""
+        return int(await self._value("cron_uninstall", (self.name, key_prefix, config_hash), conn))
+
+    async def version(self, *, conn: AsyncConnection[Any] | None = None) -> str:
+        """The installed pgdq version."""
+        return str(await self._value("version", (), conn))

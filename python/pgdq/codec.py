@@ -1,0 +1,63 @@
+"""Payload codecs: how Python values become jsonb and come back.
+
+The default codec takes any JSON-serialisable value, dataclass instances and
+pydantic models; given a payload_type it decodes into that type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Protocol
+
+from .errors import InvalidArgument
+
+
+class Codec(Protocol):
+    """Turns payloads into JSON text and JSON values back into payloads."""
+
+    def dumps(self, value: Any) -> str:
+        """JSON text for value; raise InvalidArgument if it has none."""
+        ...
+
+    def load(self, value: Any) -> Any:
+        """The payload for a JSON value decoded from jsonb."""
+        ...
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready form of dataclasses and pydantic models (json.dumps default)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    model_dump = getattr(value, "model_dump", None)
+    if callable(model_dump):
+        return model_dump(mode="json")
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+class JsonCodec:
+    """The default codec: JSON values, dataclasses, pydantic models.
+
+    With payload_type set, loaded payloads become that type: a pydantic model
+    (model_validate) or a dataclass (keyword arguments).
+    """
+
+    def __init__(self, payload_type: type[Any] | None = None) -> None:
+        self.payload_type = payload_type
+
+    def dumps(self, value: Any) -> str:
+        try:
+            return json.dumps(value, default=_plain, separators=(",", ":"))
+        except (TypeError, ValueError) as e:
+            raise InvalidArgument(f"payload is not JSON serialisable: {e}") from e
+
+    def load(self, value: Any) -> Any:
+        target = self.payload_type
+        if target is None:
+            return value
+        validate = getattr(target, "model_validate", None)
+        if callable(validate):
+            return validate(value)
+        if dataclasses.is_dataclass(target) and isinstance(value, dict):
+            return target(**value)
+        return value

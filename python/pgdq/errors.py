@@ -1,0 +1,56 @@
+"""Typed exceptions. Each carries the SQLSTATE of the server error behind it."""
+
+from __future__ import annotations
+
+import psycopg
+
+
+class PgdqError(Exception):
+    """Base class of pgdq's exceptions."""
+
+    sqlstate: str | None = None
+
+    def __init__(self, message: str, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        if sqlstate is not None:
+            self.sqlstate = sqlstate
+
+
+class InvalidArgument(PgdqError, ValueError):
+    """An argument broke a rule of the API (SQLSTATE 22023); nothing was written."""
+
+    sqlstate = "22023"
+
+
+class NullArgument(InvalidArgument):
+    """A required argument was NULL/None (SQLSTATE 22004); nothing was written."""
+
+    sqlstate = "22004"
+
+
+class StaleToken(PgdqError):
+    """The delivery is no longer current: its message was acked, nacked, updated,
+    cancelled or leased again, so its lock token cannot ack, nack or extend.
+    It comes from a false/NULL answer, not a server error, so sqlstate is None."""
+
+
+class AlreadyInstalled(PgdqError):
+    """pgdq is already installed in the target schema (SQLSTATE 42710)."""
+
+    sqlstate = "42710"
+
+
+_BY_SQLSTATE: dict[str, type[PgdqError]] = {
+    "22023": InvalidArgument,
+    "22004": NullArgument,
+    "42710": AlreadyInstalled,
+}
+
+
+def translate(error: psycopg.Error) -> Exception:
+    """The pgdq exception for a server error, or the error itself if none fits."""
+    cls = _BY_SQLSTATE.get(error.sqlstate or "")
+    if cls is None:
+        return error
+    primary = error.diag.message_primary or str(error)
+    return cls(primary, error.sqlstate)

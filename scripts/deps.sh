@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install the system packages pgdq's build and tests need, when missing:
+# PGXS (postgresql-server-dev-15), pgTAP and pg_prove. Debian/Ubuntu, as root.
+set -euo pipefail
+
+sharedir=$(pg_config --sharedir 2>/dev/null || echo /usr/share/postgresql/15)
+missing=()
+[ -x /usr/lib/postgresql/15/bin/initdb ] || missing+=(postgresql-15)
+[ -f "$(pg_config --pgxs 2>/dev/null || echo /nonexistent)" ] || missing+=(postgresql-server-dev-15)
+[ -f "$sharedir/extension/pgtap.control" ] || missing+=(postgresql-15-pgtap)
+command -v pg_prove >/dev/null || missing+=(libtap-parser-sourcehandler-pgtap-perl)
+
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+  echo "deps: missing ${missing[*]}; install them with: sudo apt-get install ${missing[*]}" >&2
+  exit 1
+fi
+echo "deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# `make test`: lint, pgTAP and pytest against a throwaway cluster of our own.
+# Runs every step, reports each, and exits non-zero if any failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+failed=()
+step() {
+  local name=$1; shift
+  echo "==> $name"
+  if "$@"; then echo "<== $name: ok"; else echo "<== $name: FAILED"; failed+=("$name"); fi
+}
+
+make -s install >/dev/null || { echo "make install failed (run as root, or install pgdq's extension files first)"; exit 1; }
+scripts/pgcluster.sh start test || { echo "could not start the test cluster; see .pgdq/test/server.log"; exit 1; }
+eval "$(scripts/pgcluster.sh env test)"
+
+fresh_db() { dropdb --if-exists -f "$1" && createdb "$1"; }
+
+step "lint (sqlfluff, hadolint, mypy, ruff)" make -s lint
+step "generated sync code is current" .venv/bin/python python/tools/gen_sync.py --check
+fresh_db pgdq_tap
+step "pgTAP (make installcheck)" env PGDATABASE=pgdq_tap make -s installcheck
+fresh_db pgdq_py
+step "pytest" env PGDATABASE=pgdq_py .venv/bin/pytest -q tests
+
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "FAILED: ${failed[*]}"
+  exit 1
+fi
+echo "all test steps passed"

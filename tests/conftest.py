@@ -1,0 +1,71 @@
+"""Fixtures: a real PostgreSQL (the repo's throwaway cluster unless PG* says
+otherwise), a fresh database with pgdq installed, a fresh queue per test."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parent.parent
+DB = os.environ.get("PGDQ_TEST_DB", "pgdq_py")
+
+
+def _cluster_env() -> None:
+    """Point PG* at the repo's test cluster (started here) unless already set."""
+    if os.environ.get("PGHOST"):
+        return
+    subprocess.run([str(ROOT / "scripts/pgcluster.sh"), "start", "test"], check=True)
+    out = subprocess.run(
+        [str(ROOT / "scripts/pgcluster.sh"), "env", "test"], check=True, capture_output=True, text=True
+    ).stdout
+    for assignment in shlex.split(out.replace("export", "")):
+        name, _, value = assignment.partition("=")
+        os.environ[name] = value
+
+
+def dsn(dbname: str = DB) -> str:
+    """conninfo of a test database (PG* variables give host, port and user)."""
+    return psycopg.conninfo.make_conninfo(dbname=dbname)
+
+
+def recreate_database(name: str) -> None:
+    """Drop and create an empty database."""
+    with psycopg.connect(dsn("postgres"), autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def database() -> str:
+    """A fresh database with the pgdq extension; its conninfo."""
+    _cluster_env()
+    recreate_database(DB)
+    with psycopg.connect(dsn(), autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION pgdq")
+    return dsn()
+
+
+@pytest.fixture
+def conn(database: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to the test database."""
+    with psycopg.connect(database, autocommit=True) as c:
+        yield c
+
+
+@pytest.fixture
+def queue_name(request: pytest.FixtureRequest, database: str) -> Iterator[str]:
+    """A queue name of this test's own, purged before and after."""
+    name = re.sub(r"\W+", "_", request.node.name)[-90:]
+    with psycopg.connect(database, autocommit=True) as c:
+        c.execute("SELECT dq_purge(%s)", (name,))
+        yield name
+        c.execute("SELECT dq_purge(%s)", (name,))
