@@ -245,7 +245,7 @@ AS $$
 DECLARE
     v_now timestamptz := dq_now();
     v_queue text := dq_offer_many.queue;
-    v_pending text[];        -- distinct keys neither created nor locked yet
+    v_pending text[];        -- the distinct keys
     v_distinct boolean;      -- no key repeats in the batch
     v_new text[];
     v_created integer := 0;
@@ -260,67 +260,53 @@ BEGIN
 
     v_pending := ARRAY(SELECT DISTINCT k.k FROM unnest(keys) AS k (k));
     v_distinct := cardinality(v_pending) = cardinality(keys);
-    -- Usually one pass. A key deleted (acked, cancelled) between the insert
-    -- and the lock below is missing from both, and goes round again.
-    WHILE cardinality(v_pending) > 0 LOOP
-        -- Create the missing keys with their final state, in key order, so
-        -- that concurrent batches take their locks in one order (no deadlock).
-        WITH candidates AS (
-            -- distinct keys (the usual batch) need no replay
-            SELECT e.k, e.p, coalesce(e.s, v_now) AS at
-            FROM unnest(keys, payloads, scheduled_ats) AS e (k, p, s)
-            WHERE v_distinct
-            UNION ALL
-            SELECT c.elem_key, c.final_payload, c.final_at
-            FROM dq__offer_chain(
-                keys, payloads, scheduled_ats, can_update, v_now, NULL, NULL, NULL
-            ) AS c
-            WHERE NOT v_distinct AND c.is_last
-        ),
-        inserted AS (
-            INSERT INTO dq_messages (
-                queue, key, payload, scheduled_at, due_at, created_at
-            )
-            SELECT v_queue, c.k, c.p, c.at, c.at, v_now
-            FROM candidates AS c
-            INNER JOIN unnest(v_pending) AS p (k) ON c.k = p.k
-            ORDER BY c.k
-            ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO NOTHING
-            RETURNING dq_messages.key
-        )
-        SELECT coalesce(array_agg(inserted.key), '{}') INTO v_new FROM inserted;
-        v_created := v_created + cardinality(v_new);
-        EXIT WHEN cardinality(v_new) = cardinality(v_pending);
 
-        v_pending := ARRAY(
-            SELECT unnest(v_pending) EXCEPT SELECT unnest(v_new)
-        );
-        -- Lock the keys that already existed, in key order, and read the
-        -- version each element will be compared with.
-        WITH locked AS (
-            SELECT m.key, m.payload, m.scheduled_at
-            FROM dq_messages AS m
-            WHERE m.queue = v_queue AND m.key = ANY(v_pending)
-            ORDER BY m.key
-            FOR UPDATE
-        ),
-        agg AS (
-            SELECT
-                array_agg(locked.key) AS ks,
-                array_agg(locked.payload) AS ps,
-                array_agg(locked.scheduled_at) AS ats
-            FROM locked
+    -- One pass over the distinct keys in key order: a missing key is created
+    -- with its final state, an existing one is locked (DO UPDATE ... WHERE
+    -- false locks the row and changes nothing). Every batch takes its locks
+    -- in the same order, so concurrent batches never deadlock, and a row being
+    -- deleted concurrently is waited for and then either created or locked.
+    WITH candidates AS (
+        -- distinct keys (the usual batch) need no replay
+        SELECT e.k, e.p, coalesce(e.s, v_now) AS at
+        FROM unnest(keys, payloads, scheduled_ats) AS e (k, p, s)
+        WHERE v_distinct
+        UNION ALL
+        SELECT c.elem_key, c.final_payload, c.final_at
+        FROM dq__offer_chain(
+            keys, payloads, scheduled_ats, can_update, v_now, NULL, NULL, NULL
+        ) AS c
+        WHERE NOT v_distinct AND c.is_last
+    ),
+
+    inserted AS (
+        INSERT INTO dq_messages AS m (
+            queue, key, payload, scheduled_at, due_at, created_at
         )
+        SELECT v_queue, c.k, c.p, c.at, c.at, v_now
+        FROM candidates AS c
+        ORDER BY c.k COLLATE "C"
+        ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO UPDATE
+            SET payload = m.payload
+            WHERE FALSE
+        RETURNING m.key
+    )
+
+    SELECT coalesce(array_agg(inserted.key), '{}') INTO v_new FROM inserted;
+    v_created := cardinality(v_new);
+
+    IF v_created < cardinality(v_pending) THEN
+        -- the other keys existed and are locked by now: read their versions
         SELECT
-            v_stored_keys || coalesce(agg.ks, '{}'),
-            v_stored_payloads || agg.ps,
-            v_stored_ats || agg.ats
+            array_agg(m.key),
+            array_agg(m.payload),
+            array_agg(m.scheduled_at)
         INTO v_stored_keys, v_stored_payloads, v_stored_ats
-        FROM agg;
-        v_pending := ARRAY(
-            SELECT unnest(v_pending) EXCEPT SELECT unnest(v_stored_keys)
-        );
-    END LOOP;
+        FROM dq_messages AS m
+        INNER JOIN unnest(v_pending) AS p (k) ON m.key = p.k
+        WHERE m.queue = v_queue
+            AND NOT EXISTS (SELECT FROM unnest(v_new) AS n (k) WHERE n.k = m.key);
+    END IF;
 
     IF cardinality(v_stored_keys) > 0 THEN
         UPDATE dq_messages AS m
