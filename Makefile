@@ -24,7 +24,7 @@ PY := $(VENV)/bin/python
 sql/pgdq--1.0.0.sql: sql/extension_header.sql $(SQL_SOURCES) sql/extension_footer.sql
 	cat $^ > $@
 
-.PHONY: sql deps venv demo test lint installcheck pytest cluster-stop
+.PHONY: sql deps venv demo test lint installcheck pytest cluster-stop sync-code
 
 # The plain install script, for servers where extensions cannot be added.
 sql:
@@ -60,3 +60,6 @@ demo: deps venv
 
 cluster-stop:
 	scripts/pgcluster.sh stop test; scripts/pgcluster.sh stop demo
+
+sync-code:
+	python3 python/tools/gen_sync.py

@@ -1,0 +1,144 @@
+"""Both install paths (extension and plain SQL), repeated installs, search_path
+hijacking, and the GRANTs the README documents for producers and consumers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import dsn, recreate_database
+
+from pgdq import AlreadyInstalled, Queue, install, uninstall
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pgdq_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pgdq", *args], capture_output=True, text=True, env=os.environ)
+
+
+@pytest.fixture
+def scratch(database: str) -> Iterator[str]:
+    """A fresh empty database; its conninfo."""
+    recreate_database("pgdq_scratch_install")
+    yield dsn("pgdq_scratch_install")
+    recreate_database("pgdq_scratch_install")
+
+
+def functions_in(conn: psycopg.Connection[Any], schema: str) -> int:
+    row = conn.execute(
+        "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = %s AND p.proname LIKE 'dq%%'",
+        (schema,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_cli_plain_install_into_any_schema(scratch: str) -> None:
+    schema = 'odd "schema"; name'
+    done = pgdq_cli("install", "--dsn", scratch, "--schema", schema)
+    assert done.returncode == 0, done.stderr
+    assert "pgdq 1.0.0 installed" in done.stdout
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        count = functions_in(conn, schema)
+        q = Queue("plain", conn, schema=schema)
+        assert q.offer("k", 1).value == "created"
+        assert q.poll() is not None
+
+        again = pgdq_cli("install", "--dsn", scratch, "--schema", schema)
+        assert again.returncode == 1 and "already installed" in again.stderr
+        assert functions_in(conn, schema) == count, "a second install changed nothing"
+        quiet = pgdq_cli("install", "--dsn", scratch, "--schema", schema, "--if-not-exists")
+        assert quiet.returncode == 0 and "already installed" in quiet.stdout
+        with pytest.raises(AlreadyInstalled):
+            install(conn, schema)
+
+        version = pgdq_cli("version", "--dsn", scratch, "--schema", schema)
+        assert "database 1.0.0" in version.stdout
+        uninstall(conn, schema)
+        assert functions_in(conn, schema) == 0
+        missing = pgdq_cli("version", "--dsn", scratch, "--schema", schema)
+        assert missing.returncode == 3 and "not installed" in missing.stdout
+
+
+def test_make_sql_script_applies_with_psql(scratch: str, tmp_path: Path) -> None:
+    script = tmp_path / "pgdq.sql"
+    subprocess.run(["make", "-s", "sql", "SCHEMA=queueing"], cwd=ROOT, check=True, capture_output=True)
+    script.write_text((ROOT / "build/pgdq.sql").read_text())
+    first = subprocess.run(["psql", "-X", "-v", "ON_ERROR_STOP=1", "-q", "-d", scratch, "-f", str(script)],
+                           capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        count = functions_in(conn, "queueing")
+        assert count > 15
+        second = subprocess.run(["psql", "-X", "-v", "ON_ERROR_STOP=1", "-q", "-d", scratch, "-f", str(script)],
+                                capture_output=True, text=True)
+        assert second.returncode != 0 and "pgdq is already installed in schema queueing" in second.stderr
+        assert functions_in(conn, "queueing") == count
+
+
+def test_extension_install(scratch: str) -> None:
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA q")
+        conn.execute("CREATE EXTENSION pgdq SCHEMA q")
+        assert Queue("ext", conn, schema="q").version() == "1.0.0"
+        with pytest.raises(psycopg.errors.DuplicateObject):
+            conn.execute("CREATE EXTENSION pgdq SCHEMA q")
+        conn.execute("DROP EXTENSION pgdq")
+        assert functions_in(conn, "q") == 0
+
+
+def test_search_path_cannot_hijack(database: str, queue_name: str) -> None:
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("DROP SCHEMA IF EXISTS evil CASCADE")
+        conn.execute("CREATE SCHEMA evil")
+        conn.execute("CREATE TABLE evil.dq_messages (LIKE public.dq_messages)")
+        conn.execute("CREATE FUNCTION evil.dq_now() RETURNS timestamptz LANGUAGE sql AS $$ SELECT '2000-01-01'::timestamptz $$")
+        conn.execute("CREATE FUNCTION evil.dq__check_queue(text) RETURNS void LANGUAGE sql AS $$ SELECT $$")
+        conn.execute("SET search_path = evil, public")
+        assert conn.execute("SELECT dq_offer(%s, 'k', '1')", (queue_name,)).fetchone() == ("created",)
+        with pytest.raises(psycopg.errors.InvalidParameterValue):
+            conn.execute("SELECT dq_offer('', 'k', '1')")
+        created = conn.execute("SELECT created_at FROM public.dq_get(%s, 'k')", (queue_name,)).fetchone()
+        assert created is not None and created[0].year > 2000
+        assert conn.execute("SELECT count(*) FROM evil.dq_messages").fetchone() == (0,)
+        conn.execute("DROP SCHEMA evil CASCADE")
+
+
+def test_documented_grants(database: str, queue_name: str) -> None:
+    readme = (ROOT / "README.md").read_text()
+    grants = readme.split("<!-- grants -->")[1]
+    statements = [line for line in grants.splitlines() if line.startswith(("GRANT", "CREATE ROLE"))]
+    assert statements, "the README documents the GRANTs"
+    with psycopg.connect(database, autocommit=True) as admin:
+        for role in ("pgdq_producer", "pgdq_consumer", "pgdq_nobody"):
+            admin.execute(f"DROP OWNED BY {role}" if _role_exists(admin, role) else "SELECT 1")
+            admin.execute(f"DROP ROLE IF EXISTS {role}")
+        admin.execute("CREATE ROLE pgdq_nobody")
+        for statement in statements:
+            admin.execute(statement)
+        admin.execute("GRANT pgdq_producer, pgdq_consumer, pgdq_nobody TO CURRENT_USER")
+
+        admin.execute("SET ROLE pgdq_producer")
+        q = Queue(queue_name, admin)
+        assert q.offer("k", 1).value == "created"
+        q.offer_many([("k2", 2)])
+        admin.execute("SET ROLE pgdq_consumer")
+        d = q.poll()
+        assert d is not None
+        d.ack()
+        admin.execute("SET ROLE pgdq_nobody")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            q.offer("k3", 3)
+        admin.execute("RESET ROLE")
+
+
+def _role_exists(conn: psycopg.Connection[Any], role: str) -> bool:
+    return conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is not None
