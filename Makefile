@@ -48,7 +48,7 @@ installcheck:
 
 lint: venv
 	$(VENV)/bin/sqlfluff lint sql/src pgtap
-	$(VENV)/bin/hadolint docker/Dockerfile
+	$(VENV)/bin/hadolint docker/Dockerfile docker/worker.Dockerfile
 	$(VENV)/bin/mypy --strict python/pgdq
 	$(VENV)/bin/ruff check python tests
 

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# `make demo`: run examples/demo.py against DATABASE_URL, or against a
+# throwaway cluster under .pgdq/demo when no server is configured.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -z "${DATABASE_URL:-}" ]; then
+  scripts/pgcluster.sh start demo
+  eval "$(scripts/pgcluster.sh env demo)"
+  psql -X -q -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'pgdq_demo'" | grep -q 1 \
+    || createdb pgdq_demo
+  export PGDATABASE=pgdq_demo
+  echo "demo database: $PGHOST port $PGPORT, database pgdq_demo (stop it with: make cluster-stop)"
+fi
+exec .venv/bin/python examples/demo.py
