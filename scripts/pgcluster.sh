@@ -14,11 +14,22 @@ base="$root/.pgdq/$name"
 data="$base/data"
 sock="$base/run"
 case "$name" in
-  test) port=${PGDQ_TEST_PORT:-54329} ;;
-  demo) port=${PGDQ_DEMO_PORT:-54330} ;;
-  bench) port=${PGDQ_BENCH_PORT:-54331} ;;
-  *) port=${PGDQ_PORT:-54339} ;;
+  test) first_port=${PGDQ_TEST_PORT:-54329} ;;
+  demo) first_port=${PGDQ_DEMO_PORT:-54340} ;;
+  bench) first_port=${PGDQ_BENCH_PORT:-54350} ;;
+  *) first_port=${PGDQ_PORT:-54360} ;;
 esac
+
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# A cluster keeps the port it was created with (another checkout's cluster may
+# hold the default one, so a new cluster takes the next free port).
+if [ -f "$base/port" ]; then
+  port=$(cat "$base/port")
+else
+  port=$first_port
+  while port_in_use "$port"; do port=$((port + 1)); done
+fi
 
 as_owner() {
   if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
@@ -27,6 +38,7 @@ as_owner() {
 init() {
   [ -f "$data/PG_VERSION" ] && return 0
   mkdir -p "$data" "$sock"
+  echo "$port" >"$base/port"
   if [ "$(id -u)" = 0 ]; then
     chown -R postgres:postgres "$base"
     # the server must be able to reach its data directory through the repo
