@@ -50,7 +50,8 @@ lint: venv
 	$(VENV)/bin/sqlfluff lint sql/src pgtap
 	$(VENV)/bin/hadolint docker/Dockerfile docker/worker.Dockerfile
 	$(VENV)/bin/mypy --strict python/pgdq
-	$(VENV)/bin/ruff check python tests
+	$(VENV)/bin/ruff check python tests examples
+	$(VENV)/bin/ruff format --check python tests examples
 
 test: deps venv
 	scripts/test.sh

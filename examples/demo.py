@@ -15,10 +15,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from pgdq import Delivery, Queue, install
 from rich.console import Console
 from rich.table import Table
-
-from pgdq import Delivery, Queue, install
 
 QUEUE = "demo"
 LEASE = timedelta(seconds=30)
@@ -76,7 +75,10 @@ def consume(q: Queue, listener: psycopg.Connection[Any], expected: int, deadline
 
 def main() -> int:
     conninfo = os.environ.get("DATABASE_URL", "")
-    with psycopg.connect(conninfo, autocommit=True) as conn, psycopg.connect(conninfo, autocommit=True) as listener:
+    with (
+        psycopg.connect(conninfo, autocommit=True) as conn,
+        psycopg.connect(conninfo, autocommit=True) as listener,
+    ):
         if install(conn, if_not_exists=True):
             console.print("installed pgdq into schema public")
         q = Queue(QUEUE, conn)

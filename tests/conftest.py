@@ -25,7 +25,10 @@ def _cluster_env() -> None:
         return
     subprocess.run([str(ROOT / "scripts/pgcluster.sh"), "start", "test"], check=True)
     out = subprocess.run(
-        [str(ROOT / "scripts/pgcluster.sh"), "env", "test"], check=True, capture_output=True, text=True
+        [str(ROOT / "scripts/pgcluster.sh"), "env", "test"],
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     for assignment in shlex.split(out.replace("export", "")):
         name, _, value = assignment.partition("=")

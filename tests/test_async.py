@@ -7,9 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from psycopg_pool import AsyncConnectionPool
-
 from pgdq import AsyncDelivery, AsyncQueue, InvalidArgument, OfferOutcome, StaleToken
+from psycopg_pool import AsyncConnectionPool
 
 
 def test_async_round_trip(database: str, queue_name: str) -> None:
@@ -17,7 +16,10 @@ def test_async_round_trip(database: str, queue_name: str) -> None:
         async with AsyncQueue(queue_name, database) as q:
             assert await q.offer("a", {"n": 1}) is OfferOutcome.CREATED
             results = await q.offer_many([("b", 2), ("a", {"n": 1})])
-            assert [r.outcome for r in results] == [OfferOutcome.CREATED, OfferOutcome.IGNORED]
+            assert [r.outcome for r in results] == [
+                OfferOutcome.CREATED,
+                OfferOutcome.IGNORED,
+            ]
             batch = await q.poll_many(10, timedelta(seconds=30))
             assert [d.key for d in batch] == ["a", "b"]
             assert all(isinstance(d, AsyncDelivery) for d in batch)

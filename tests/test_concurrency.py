@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import psycopg
-
 from pgdq import OfferOutcome, Queue
 
 T = TypeVar("T")
@@ -81,8 +80,18 @@ def test_concurrent_poll_many_batches_are_disjoint(database: str, queue_name: st
 def test_poll_never_waits_behind_open_transactions(database: str, queue_name: str) -> None:
     q = Queue(queue_name, database)
     past = datetime(2020, 1, 1, tzinfo=UTC)
-    q.offer_many([("a-held-by-poll", 1, past), ("b-held-by-offer", 2, past), ("free", 3, past + timedelta(seconds=1))])
-    with psycopg.connect(database) as a, psycopg.connect(database) as b, psycopg.connect(database) as c:
+    q.offer_many(
+        [
+            ("a-held-by-poll", 1, past),
+            ("b-held-by-offer", 2, past),
+            ("free", 3, past + timedelta(seconds=1)),
+        ]
+    )
+    with (
+        psycopg.connect(database) as a,
+        psycopg.connect(database) as b,
+        psycopg.connect(database) as c,
+    ):
         Queue(queue_name, a).poll()  # leases held-by-poll; transaction left open
         Queue(queue_name, b).offer("b-held-by-offer", 20, conn=b)  # row lock by an update, open
         Queue(queue_name, c).offer("uncommitted", 4, conn=c)  # an insert not yet committed

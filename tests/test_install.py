@@ -13,14 +13,19 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import dsn, recreate_database
-
 from pgdq import AlreadyInstalled, Queue, install, uninstall
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def pgdq_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pgdq", *args], capture_output=True, text=True, env=os.environ)
+    return subprocess.run(
+        [sys.executable, "-m", "pgdq", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=os.environ,
+    )
 
 
 @pytest.fixture
@@ -70,16 +75,39 @@ def test_cli_plain_install_into_any_schema(scratch: str) -> None:
 
 def test_make_sql_script_applies_with_psql(scratch: str, tmp_path: Path) -> None:
     script = tmp_path / "pgdq.sql"
-    subprocess.run(["make", "-s", "sql", "SCHEMA=queueing"], cwd=ROOT, check=True, capture_output=True)
+    subprocess.run(
+        ["make", "-s", "sql", "SCHEMA=queueing"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     script.write_text((ROOT / "build/pgdq.sql").read_text())
-    first = subprocess.run(["psql", "-X", "-v", "ON_ERROR_STOP=1", "-q", "-d", scratch, "-f", str(script)],
-                           capture_output=True, text=True)
+    first = subprocess.run(
+        ["psql", "-X", "-v", "ON_ERROR_STOP=1", "-q", "-d", scratch, "-f", str(script)],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     assert first.returncode == 0, first.stderr
     with psycopg.connect(scratch, autocommit=True) as conn:
         count = functions_in(conn, "queueing")
         assert count > 15
-        second = subprocess.run(["psql", "-X", "-v", "ON_ERROR_STOP=1", "-q", "-d", scratch, "-f", str(script)],
-                                capture_output=True, text=True)
+        second = subprocess.run(
+            [
+                "psql",
+                "-X",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-q",
+                "-d",
+                scratch,
+                "-f",
+                str(script),
+            ],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
         assert second.returncode != 0 and "pgdq is already installed in schema queueing" in second.stderr
         assert functions_in(conn, "queueing") == count
 
@@ -100,7 +128,9 @@ def test_search_path_cannot_hijack(database: str, queue_name: str) -> None:
         conn.execute("DROP SCHEMA IF EXISTS evil CASCADE")
         conn.execute("CREATE SCHEMA evil")
         conn.execute("CREATE TABLE evil.dq_messages (LIKE public.dq_messages)")
-        conn.execute("CREATE FUNCTION evil.dq_now() RETURNS timestamptz LANGUAGE sql AS $$ SELECT '2000-01-01'::timestamptz $$")
+        conn.execute(
+            "CREATE FUNCTION evil.dq_now() RETURNS timestamptz LANGUAGE sql AS $$ SELECT '2000-01-01'::timestamptz $$"
+        )
         conn.execute("CREATE FUNCTION evil.dq__check_queue(text) RETURNS void LANGUAGE sql AS $$ SELECT $$")
         conn.execute("SET search_path = evil, public")
         assert conn.execute("SELECT dq_offer(%s, 'k', '1')", (queue_name,)).fetchone() == ("created",)

@@ -10,7 +10,6 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from pgdq import OfferOutcome, Queue
 
 NOW = datetime(2024, 1, 1, 10, 0, tzinfo=UTC)
@@ -39,7 +38,9 @@ class Model:
 
 
 offers = st.lists(
-    st.tuples(st.sampled_from("abc"), st.integers(0, 2), st.sampled_from(TIMES)), min_size=1, max_size=8
+    st.tuples(st.sampled_from("abc"), st.integers(0, 2), st.sampled_from(TIMES)),
+    min_size=1,
+    max_size=8,
 )
 steps = st.lists(st.tuples(st.booleans(), st.booleans(), offers), min_size=1, max_size=5)
 
@@ -52,7 +53,11 @@ def pinned(database: str) -> Any:
         yield conn
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(steps=steps)
 def test_offers_follow_the_model(pinned: psycopg.Connection[Any], steps: list[tuple[bool, bool, list[Offer]]]) -> None:
     batch_q = Queue("prop_batch", pinned)

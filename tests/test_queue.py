@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 import pydantic
 import pytest
-from psycopg_pool import ConnectionPool
-
 from pgdq import (
     Delivery,
     InvalidArgument,
@@ -22,12 +20,13 @@ from pgdq import (
     QueueStats,
     StaleToken,
 )
+from psycopg_pool import ConnectionPool
 
 
 class CountingCursor(psycopg.Cursor[Any]):
     """Counts the statements a connection sends."""
 
-    statements: list[bytes | str] = []
+    statements: ClassVar[list[bytes | str]] = []
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> CountingCursor:  # type: ignore[override]
         CountingCursor.statements.append(query)

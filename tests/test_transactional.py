@@ -4,7 +4,6 @@ own writes, on the caller's connection."""
 from __future__ import annotations
 
 import psycopg
-
 from pgdq import OfferOutcome, Queue
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-
 from pgdq import Queue
 
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 
-class OfferOutcome(str, enum.Enum):
+class OfferOutcome(enum.StrEnum):
     """What an offer did to its key."""
 
     CREATED = "created"
