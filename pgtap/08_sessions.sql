@@ -11,10 +11,11 @@ CREATE FUNCTION pg_temp.here() RETURNS text LANGUAGE sql AS $$
     )
 $$;
 CREATE EXTENSION IF NOT EXISTS dblink;
-SELECT plan(14);
+SELECT plan(20);
 SELECT dblink_connect('producer', pg_temp.here());
 SELECT dblink_connect('holder', pg_temp.here());
 SELECT dblink_connect('listener', pg_temp.here());
+SELECT dblink_connect('waiter', pg_temp.here());
 -- run a one-column query in another session; its row count
 CREATE FUNCTION pg_temp.remote(conn text, query text) RETURNS int LANGUAGE sql AS $$
     SELECT count(*)::int FROM dblink(conn, query) AS t (x text)
@@ -37,6 +38,44 @@ SELECT results_eq(
     'a poll skips the rows being taken, without waiting'
 );
 SELECT dblink_exec('holder', 'ROLLBACK');
+
+-- concurrent offers of one key: one creates, the other waits, then updates
+SELECT dblink_exec('holder', 'BEGIN');
+SELECT is(
+    (SELECT t.o FROM dblink('holder', $$SELECT dq_offer('t_sess', 'race', '1')$$) AS t (o text)),
+    'created', 'one session creates a key and keeps its transaction open'
+);
+SELECT dblink_send_query('waiter', $$SELECT dq_offer('t_sess', 'race', '2')$$);
+SELECT pg_sleep(0.3);
+SELECT is(dblink_is_busy('waiter'), 1, 'a concurrent offer of the same key waits');
+SELECT dblink_exec('holder', 'COMMIT');
+SELECT is(
+    (SELECT t.o FROM dblink_get_result('waiter') AS t (o text)), 'updated',
+    'and then updates it: no unique violation'
+);
+-- an empty result ends the async query
+SELECT count(*) AS done FROM dblink_get_result('waiter') AS t (o text);  -- noqa: AL05
+
+-- batches in opposite key orders never deadlock: locks are taken in key order
+SELECT dblink_exec('holder', 'SET lock_timeout = ''3s''');
+SELECT dblink_exec('holder', 'BEGIN');
+SELECT
+    pg_temp.remote(
+        'holder', $$SELECT count(*) FROM dq_offer_many('t_sess', ARRAY['x'], ARRAY['1']::jsonb[])$$
+    );
+SELECT dblink_send_query('waiter', $$SELECT outcome FROM dq_offer_many('t_sess', ARRAY['y', 'x'], ARRAY['2', '2']::jsonb[])$$);
+SELECT pg_sleep(0.3);
+SELECT is(dblink_is_busy('waiter'), 1, 'a batch [y, x] waits for x, held by another batch');
+SELECT lives_ok(
+    $$SELECT pg_temp.remote('holder', 'SELECT count(*) FROM dq_offer_many(''t_sess'', ARRAY[''y''], ARRAY[''1'']::jsonb[])')$$,
+    'the holder can still take y: the waiting batch did not lock y before x'
+);
+SELECT dblink_exec('holder', 'COMMIT');
+SELECT results_eq(
+    $$SELECT t.o FROM dblink_get_result('waiter') AS t (o text)$$, $$VALUES ('updated'), ('updated')$$,
+    'the waiting batch then completes, in input order'
+);
+SELECT count(*) AS done FROM dblink_get_result('waiter') AS t (o text);  -- noqa: AL05
 
 -- wakeups
 SELECT dblink_exec('listener', 'LISTEN dq_wakeup');
@@ -126,6 +165,7 @@ SELECT is((
 SELECT dblink_disconnect('producer');
 SELECT dblink_disconnect('holder');
 SELECT dblink_disconnect('listener');
+SELECT dblink_disconnect('waiter');
 SELECT * FROM finish();
 ROLLBACK;
 -- the messages were committed by the other sessions: remove them
