@@ -63,13 +63,13 @@ CREATE TYPE dq_delivery AS (
 );
 
 -- The one clock: dq.now when set and non-empty (tests), else the wall clock.
+-- Schema-qualified rather than pinned, so that it inlines into its callers.
 CREATE FUNCTION dq_now() RETURNS timestamptz
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT coalesce(
-        nullif(current_setting('dq.now', true), '')::timestamptz,
-        clock_timestamp()
+        nullif(pg_catalog.current_setting('dq.now', true), '')::pg_catalog.timestamptz,
+        pg_catalog.clock_timestamp()
     )
 $$;
 

@@ -18,8 +18,7 @@ $$;
 -- Wake idle consumers of queue; sent at commit, one per queue per transaction.
 CREATE FUNCTION dq__wake(queue text) RETURNS void
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT pg_notify('dq_wakeup', queue) $$;
+AS $$ SELECT pg_catalog.pg_notify('dq_wakeup', queue) $$;
 
 -- Offer one message: 'created', 'updated' or 'ignored' (see api-v1).
 CREATE FUNCTION dq_offer(
