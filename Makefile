@@ -24,7 +24,7 @@ PY := $(VENV)/bin/python
 sql/pgdq--1.0.0.sql: sql/extension_header.sql $(SQL_SOURCES) sql/extension_footer.sql
 	cat $^ > $@
 
-.PHONY: sql deps venv demo test lint installcheck pytest cluster-stop sync-code
+.PHONY: sql deps venv demo test lint installcheck pytest cluster-stop sync-code bench
 
 # The plain install script, for servers where extensions cannot be added.
 sql:
@@ -50,8 +50,8 @@ lint: venv
 	$(VENV)/bin/sqlfluff lint sql/src pgtap
 	$(VENV)/bin/hadolint docker/Dockerfile docker/worker.Dockerfile
 	$(VENV)/bin/mypy --strict python/pgdq
-	$(VENV)/bin/ruff check python tests examples
-	$(VENV)/bin/ruff format --check python tests examples
+	$(VENV)/bin/ruff check python tests examples bench
+	$(VENV)/bin/ruff format --check python tests examples bench
 
 test: deps venv
 	scripts/test.sh
@@ -60,7 +60,10 @@ demo: deps venv
 	scripts/demo.sh
 
 cluster-stop:
-	scripts/pgcluster.sh stop test; scripts/pgcluster.sh stop demo
+	scripts/pgcluster.sh stop test; scripts/pgcluster.sh stop demo; scripts/pgcluster.sh stop bench
 
 sync-code:
 	python3 python/tools/gen_sync.py
+
+bench: deps venv
+	scripts/bench.sh $(BENCH_ARGS)

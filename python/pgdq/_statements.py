@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from psycopg import sql
@@ -35,8 +36,9 @@ _TEMPLATES: dict[str, str] = {
 }
 
 
+@cache
 def statements(schema: str | None) -> dict[str, bytes]:
-    """Every statement, rendered once, calling dq_<method> in schema (or on search_path)."""
+    """Every statement, rendered once per schema, calling dq_<method> in schema (or on search_path)."""
     rendered = {}
     for method, template in _TEMPLATES.items():
         name = sql.Identifier(f"dq_{method}")

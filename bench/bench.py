@@ -1,0 +1,301 @@
+"""`make bench`: each system in its own fresh database on one throwaway server
+(fsync and synchronous_commit on), the same workloads through each public
+API, results as ratios against the raw-SQL row. Prints a markdown table and
+writes bench/results/<time>.json.
+
+    python bench/bench.py [--systems pgdq,"raw SQL"] [--workloads W1,W2,...] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from pgdq import Queue
+from psycopg import sql
+from rich.console import Console
+from systems import QUEUE, SYSTEMS, System
+
+ROOT = Path(__file__).resolve().parent.parent
+console = Console(stderr=True)
+SCALE = 1.0  # --quick shrinks every count
+
+
+def n(count: int) -> int:
+    return max(1, int(count * SCALE))
+
+
+def fresh_db(system: System) -> str:
+    """A new database for system, set up; its conninfo."""
+    name = "bench_" + "".join(ch if ch.isalnum() else "_" for ch in system.name.lower())
+    with psycopg.connect("dbname=postgres", autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    conninfo = psycopg.conninfo.make_conninfo(dbname=name)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        system.setup(conn)
+    return conninfo
+
+
+def _client(target: Callable[..., int], args: tuple[Any, ...], barrier: Any, out: Any) -> None:
+    """One client process: connect, wait for the others, run, report."""
+    with psycopg.connect(args[0], autocommit=True) as conn:
+        barrier.wait()
+        started = time.perf_counter()
+        done = target(conn, *args[1:])
+        out.put((done, started, time.perf_counter()))
+
+
+def run_clients(clients: int, target: Callable[..., int], *args: Any) -> tuple[int, float]:
+    """Run target(conn, *args[1:], i) in `clients` processes started together:
+    (items done, wall seconds)."""
+    ctx = mp.get_context("fork")
+    barrier, out = ctx.Barrier(clients), ctx.Queue()
+    procs = [ctx.Process(target=_client, args=(target, (*args, i), barrier, out)) for i in range(clients)]
+    for p in procs:
+        p.start()
+    results = [out.get() for _ in procs]
+    for p in procs:
+        p.join()
+    done = sum(r[0] for r in results)
+    return done, max(r[2] for r in results) - min(r[1] for r in results)
+
+
+# --- client bodies (module level: they run in forked processes) -------------
+
+
+def enqueue_part(conn: psycopg.Connection[Any], system_name: str, total: int, batch: int, clients: int, i: int) -> int:
+    system = SYSTEMS[system_name]
+    share = range(i, total, clients)
+    keys = [f"k{k}" for k in share]
+    for start in range(0, len(keys), batch):
+        chunk = keys[start : start + batch]
+        system.enqueue_batch(conn, chunk, [{"n": k} for k in range(len(chunk))])
+    return len(keys)
+
+
+def drain_batches(conn: psycopg.Connection[Any], system_name: str, batch: int, i: int) -> int:
+    system = SYSTEMS[system_name]
+    done = 0
+    while tokens := system.poll_batch(conn, batch):
+        system.ack_batch(conn, tokens)
+        done += len(tokens)
+    return done
+
+
+def offer_singles(conn: psycopg.Connection[Any], system_name: str, total: int, clients: int, i: int) -> int:
+    system = SYSTEMS[system_name]
+    count = 0
+    for k in range(i, total, clients):
+        system.offer_one(conn, f"s{k}", {"n": k})
+        count += 1
+    return count
+
+
+def drain_singles(conn: psycopg.Connection[Any], system_name: str, i: int) -> int:
+    system = SYSTEMS[system_name]
+    done = 0
+    while (token := system.poll_one(conn)) is not None:
+        system.ack_one(conn, token)
+        done += 1
+    return done
+
+
+# --- workloads --------------------------------------------------------------
+
+
+def w1_enqueue(system: System) -> dict[str, float]:
+    """W1: 100,000 messages due now in batches of 1,000, by 1 and by 2 clients."""
+    out = {}
+    for clients in (1, 2):
+        fresh = fresh_db(system)
+        done, wall = run_clients(clients, enqueue_part, fresh, system.name, n(100_000), 1000, clients)
+        out[f"W1 enqueue {clients}c msg/s"] = done / wall
+    return out
+
+
+def w2_drain(system: System) -> dict[str, float]:
+    """W2: 100,000 due messages drained by 2 batch consumers (poll 500 + ack)."""
+    fresh = fresh_db(system)
+    run_clients(2, enqueue_part, fresh, system.name, n(100_000), 1000, 2)
+    done, wall = run_clients(2, drain_batches, fresh, system.name, 500)
+    return {"W2 drain 2c msg/s": done / wall}
+
+
+def w3_single(system: System) -> dict[str, float]:
+    """W3: 10,000 single offers from 4 clients, then 4 consumers poll + ack each."""
+    fresh = fresh_db(system)
+    done, wall = run_clients(4, offer_singles, fresh, system.name, n(10_000), 4)
+    offered = done / wall
+    done, wall = run_clients(4, drain_singles, fresh, system.name)
+    return {"W3 offer 4c msg/s": offered, "W3 poll+ack 4c msg/s": done / wall}
+
+
+def w4_lateness(system: System) -> dict[str, float]:
+    """W4 (pgdq): 2,000 messages at distinct times over the next 10 s; two idle
+    consumers wake on dq_wakeup and sleep until dq_next_due. Lateness is
+    server time at lease minus scheduled time."""
+    if system.name != "pgdq":
+        return {}
+    fresh = fresh_db(system)
+    total = n(2000)
+    lateness: list[float] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def consumer() -> None:
+        with psycopg.connect(fresh, autocommit=True) as conn, psycopg.connect(fresh, autocommit=True) as listen:
+            listen.execute("LISTEN dq_wakeup")
+            q = Queue(QUEUE, conn)
+            while not stop.is_set():
+                batch = q.poll_many(50, timedelta(seconds=30))
+                if batch:
+                    q.ack_many([d.lock_token for d in batch])
+                    with lock:
+                        lateness.extend(
+                            ((d.lease_until - timedelta(seconds=30)) - d.scheduled_at).total_seconds() for d in batch
+                        )
+                    continue
+                due = q.next_due()
+                row = conn.execute("SELECT clock_timestamp()").fetchone()
+                assert row is not None
+                wait = 1.0 if due is None else max(0.0, (due - row[0]).total_seconds())
+                for _ in listen.notifies(timeout=min(wait, 1.0), stop_after=1):
+                    pass
+
+    threads = [threading.Thread(target=consumer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)  # consumers idle first
+    with psycopg.connect(fresh, autocommit=True) as conn:
+        row = conn.execute("SELECT clock_timestamp()").fetchone()
+        assert row is not None
+        base = row[0] + timedelta(seconds=1)
+        step = timedelta(seconds=10) / total
+        Queue(QUEUE, conn).offer_many([(f"t{i}", i, base + i * step) for i in range(total)])
+        deadline = time.monotonic() + 30
+        while len(lateness) < total and time.monotonic() < deadline:
+            time.sleep(0.2)
+    stop.set()
+    for t in threads:
+        t.join()
+    ms = sorted(x * 1000 for x in lateness)
+    return {
+        "W4 lateness p50 ms": statistics.median(ms),
+        "W4 lateness p99 ms": ms[int(len(ms) * 0.99) - 1],
+        "W4 lateness max ms": ms[-1],
+    }
+
+
+def server_ms(conn: psycopg.Connection[Any], statement: str, calls: int) -> tuple[float, float]:
+    """Median and p99 server execution time (EXPLAIN ANALYZE) of a statement."""
+    times = []
+    for _ in range(calls):
+        # rolled back, so the due set stays the same for every call
+        with conn.transaction(force_rollback=True):
+            plan = conn.execute("EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + statement).fetchone()
+        assert plan is not None
+        times.append(plan[0][0]["Execution Time"])
+    times.sort()
+    return statistics.median(times), times[int(len(times) * 0.99) - 1]
+
+
+def w5_depth(system: System) -> dict[str, float]:
+    """W5 (pgdq): server time of dq_poll, dq_poll_many(100), dq_next_due with
+    10,000 and 1,000,000 future messages, with 1,000 due and with none."""
+    if system.name != "pgdq":
+        return {}
+    fresh = fresh_db(system)
+    out = {}
+    with psycopg.connect(fresh, autocommit=True) as conn:
+        q = Queue(QUEUE, conn)
+        future = datetime.now(UTC) + timedelta(days=1)
+        loaded = 0
+        for depth in (n(10_000), n(1_000_000)):
+            while loaded < depth:
+                size = min(50_000, depth - loaded)
+                q.offer_many([(f"f{loaded + i}", i, future + timedelta(seconds=loaded + i)) for i in range(size)])
+                loaded += size
+            conn.execute("VACUUM ANALYZE dq_messages")
+            label = f"{depth // 1000}k"
+            for due_label, due in (("none due", 0), ("1k due", 1000)):
+                if due:
+                    q.offer_many([(f"d{depth}-{i}", i, datetime(2020, 1, 1, tzinfo=UTC)) for i in range(due)])
+                    conn.execute("VACUUM ANALYZE dq_messages")
+                for fn, stmt in (
+                    ("dq_poll", f"SELECT * FROM dq_poll('{QUEUE}')"),
+                    ("dq_poll_many(100)", f"SELECT * FROM dq_poll_many('{QUEUE}', 100)"),
+                    ("dq_next_due", f"SELECT dq_next_due('{QUEUE}')"),
+                ):
+                    med, p99 = server_ms(conn, stmt, n(1000))
+                    out[f"W5 {fn} {label} {due_label} p50 ms"] = med
+                    out[f"W5 {fn} {label} {due_label} p99 ms"] = p99
+                conn.execute("DELETE FROM dq_messages WHERE key LIKE 'd%'")
+    return out
+
+
+WORKLOADS = {"W1": w1_enqueue, "W2": w2_drain, "W3": w3_single, "W4": w4_lateness, "W5": w5_depth}
+
+
+def main() -> int:
+    global SCALE
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--quick", action="store_true", help="a tenth of every count (smoke run)")
+    args = parser.parse_args()
+    SCALE = 0.1 if args.quick else 1.0
+    results: dict[str, dict[str, float]] = {}
+    for name in args.systems.split(","):
+        system = SYSTEMS[name]
+        results[name] = {}
+        for w in args.workloads.split(","):
+            console.print(f"[bold]{name}[/]: {WORKLOADS[w].__doc__.splitlines()[0]}")  # type: ignore[union-attr]
+            results[name].update(WORKLOADS[w](system))
+    print(render(results))
+    out = ROOT / "bench/results"
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    (out / f"{stamp}.json").write_text(json.dumps({"at": stamp, "scale": SCALE, "results": results}, indent=2))
+    console.print(f"wrote bench/results/{stamp}.json")
+    return 0
+
+
+def fmt(measure: str, value: float | None) -> str:
+    """A cell: milliseconds with 3 decimals, rates as whole numbers."""
+    if value is None:
+        return "—"
+    return f"{value:,.3f}" if measure.endswith(" ms") else f"{value:,.0f}"
+
+
+def render(results: dict[str, dict[str, float]]) -> str:
+    """A markdown table: one row per measure, one column per system, plus pgdq / raw."""
+    names = list(results)
+    measures = list(dict.fromkeys(m for r in results.values() for m in r))
+    head = "| measure | " + " | ".join(names) + (" | pgdq / raw SQL |" if {"pgdq", "raw SQL"} <= set(names) else " |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for m in measures:
+        cells = [fmt(m, results[s].get(m)) for s in names]
+        ratio = ""
+        if {"pgdq", "raw SQL"} <= set(names) and m in results["pgdq"] and m in results["raw SQL"]:
+            ratio = f" {results['pgdq'][m] / results['raw SQL'][m]:.2f} |"
+        elif {"pgdq", "raw SQL"} <= set(names):
+            ratio = " |"
+        lines.append(f"| {m} | " + " | ".join(cells) + " |" + ratio)
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PGDATABASE", "postgres")
+    sys.exit(main())
