@@ -43,6 +43,18 @@ BEGIN
 END
 $$;
 
+-- True when name is non-NULL text of 1..max_length characters. Hot paths
+-- test this (it inlines) and call the raising checks only when it fails.
+CREATE FUNCTION dq__valid_name(name text, max_length integer) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT coalesce(
+        pg_catalog.length(name) OPERATOR(pg_catalog.>=) 1
+        AND pg_catalog.length(name) OPERATOR(pg_catalog.<=) max_length,
+        FALSE
+    )
+$$;
+
 -- Raise 22004/22023 unless the queue name follows the name rule (1..100).
 CREATE FUNCTION dq__check_queue(queue text) RETURNS void
 LANGUAGE sql IMMUTABLE

@@ -37,10 +37,16 @@ DECLARE
     v_at timestamptz := coalesce(dq_offer.scheduled_at, v_now);
     v_inserted boolean;
 BEGIN
-    PERFORM dq__check_queue(dq_offer.queue);
-    PERFORM dq__check_name(dq_offer.key, 'key', 200);
-    PERFORM dq__not_null(dq_offer.payload, 'payload');
-    PERFORM dq__not_null(dq_offer.can_update, 'can_update');
+    -- one cheap test on the hot path; the checks say what is wrong
+    IF NOT dq__valid_name(dq_offer.queue, 100)
+        OR NOT dq__valid_name(dq_offer.key, 200)
+        OR dq_offer.payload IS NULL
+        OR dq_offer.can_update IS NULL THEN
+        PERFORM dq__check_queue(dq_offer.queue);
+        PERFORM dq__check_name(dq_offer.key, 'key', 200);
+        PERFORM dq__not_null(dq_offer.payload, 'payload');
+        PERFORM dq__not_null(dq_offer.can_update, 'can_update');
+    END IF;
 
     -- ON CONFLICT makes concurrent offers of one key wait for each other
     -- instead of failing: one creates, the others update or ignore.

@@ -15,9 +15,13 @@ DECLARE
     v_queue text := dq_poll_many.queue;
     v_ids bigint[];
 BEGIN
-    PERFORM dq__check_queue(v_queue);
-    PERFORM dq__not_null(max_count, 'max_count');
-    PERFORM dq__check_lease(lease);
+    IF NOT dq__valid_name(v_queue, 100)
+        OR max_count IS NULL
+        OR NOT coalesce(lease > interval '0', FALSE) THEN
+        PERFORM dq__check_queue(v_queue);
+        PERFORM dq__not_null(max_count, 'max_count');
+        PERFORM dq__check_lease(lease);
+    END IF;
     IF max_count <= 0 THEN
         RETURN;
     END IF;
