@@ -9,6 +9,7 @@ writes bench/results/<time>.json.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import multiprocessing as mp
 import os
@@ -43,23 +44,34 @@ def fresh_db(system: System) -> str:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     conninfo = psycopg.conninfo.make_conninfo(dbname=name)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        system.setup(conn)
+    system.setup(conninfo)
     return conninfo
 
 
-def _client(target: Callable[..., int], args: tuple[Any, ...], barrier: Any, out: Any) -> None:
-    """One client process: connect, wait for the others, run, report."""
-    with psycopg.connect(args[0], autocommit=True) as conn:
+def _client(target: Callable[..., Any], args: tuple[Any, ...], barrier: Any, out: Any) -> None:
+    """One client process: open the system's client, wait for the others, run, report."""
+    conninfo, system_name, *rest = args
+    system = SYSTEMS[system_name]
+    native = getattr(system, "native", None)
+    if native is not None:  # a client in another language runs the whole body
+        barrier.wait()
+        out.put(native(target.__name__, conninfo, tuple(rest)))
+        return
+
+    async def go() -> None:
+        handle = await system.open(conninfo)
         barrier.wait()
         started = time.perf_counter()
-        done = target(conn, *args[1:])
+        done = await target(system, handle, *rest)
         out.put((done, started, time.perf_counter()))
+        await system.close(handle)
+
+    asyncio.run(go())
 
 
-def run_clients(clients: int, target: Callable[..., int], *args: Any) -> tuple[int, float]:
-    """Run target(conn, *args[1:], i) in `clients` processes started together:
-    (items done, wall seconds)."""
+def run_clients(clients: int, target: Callable[..., Any], *args: Any) -> tuple[int, float]:
+    """Run target(system, handle, *args[2:], i) in `clients` processes started
+    together: (items done, wall seconds from the first start to the last end)."""
     ctx = mp.get_context("fork")
     barrier, out = ctx.Barrier(clients), ctx.Queue()
     procs = [ctx.Process(target=_client, args=(target, (*args, i), barrier, out)) for i in range(clients)]
@@ -75,39 +87,39 @@ def run_clients(clients: int, target: Callable[..., int], *args: Any) -> tuple[i
 # --- client bodies (module level: they run in forked processes) -------------
 
 
-def enqueue_part(conn: psycopg.Connection[Any], system_name: str, total: int, batch: int, clients: int, i: int) -> int:
-    system = SYSTEMS[system_name]
-    share = range(i, total, clients)
-    keys = [f"k{k}" for k in share]
+async def enqueue_part(system: System, h: Any, total: int, batch: int, clients: int, i: int) -> int:
+    keys = [f"k{k}" for k in range(i, total, clients)]
     for start in range(0, len(keys), batch):
         chunk = keys[start : start + batch]
-        system.enqueue_batch(conn, chunk, [{"n": k} for k in range(len(chunk))])
+        await system.enqueue_batch(h, chunk, [{"n": k} for k in range(len(chunk))])
     return len(keys)
 
 
-def drain_batches(conn: psycopg.Connection[Any], system_name: str, batch: int, i: int) -> int:
-    system = SYSTEMS[system_name]
+DRAIN_SECONDS = 60.0  # every drain stops after this; the rate counts what it did
+
+
+async def drain_batches(system: System, h: Any, batch: int, i: int) -> int:
     done = 0
-    while tokens := system.poll_batch(conn, batch):
-        system.ack_batch(conn, tokens)
+    deadline = time.perf_counter() + DRAIN_SECONDS
+    while time.perf_counter() < deadline and (tokens := await system.poll_batch(h, batch)):
+        await system.ack_batch(h, tokens)
         done += len(tokens)
     return done
 
 
-def offer_singles(conn: psycopg.Connection[Any], system_name: str, total: int, clients: int, i: int) -> int:
-    system = SYSTEMS[system_name]
+async def offer_singles(system: System, h: Any, total: int, clients: int, i: int) -> int:
     count = 0
     for k in range(i, total, clients):
-        system.offer_one(conn, f"s{k}", {"n": k})
+        await system.offer_one(h, f"s{k}", {"n": k})
         count += 1
     return count
 
 
-def drain_singles(conn: psycopg.Connection[Any], system_name: str, i: int) -> int:
-    system = SYSTEMS[system_name]
+async def drain_singles(system: System, h: Any, i: int) -> int:
     done = 0
-    while (token := system.poll_one(conn)) is not None:
-        system.ack_one(conn, token)
+    deadline = time.perf_counter() + DRAIN_SECONDS
+    while time.perf_counter() < deadline and (token := await system.poll_one(h)) is not None:
+        await system.ack_one(h, token)
         done += 1
     return done
 
@@ -126,7 +138,8 @@ def w1_enqueue(system: System) -> dict[str, float]:
 
 
 def w2_drain(system: System) -> dict[str, float]:
-    """W2: 100,000 due messages drained by 2 batch consumers (poll 500 + ack)."""
+    """W2: 100,000 due messages drained by 2 batch consumers (poll 500 + ack;
+    one job per fetch where the system has no batch fetch)."""
     fresh = fresh_db(system)
     run_clients(2, enqueue_part, fresh, system.name, n(100_000), 1000, 2)
     done, wall = run_clients(2, drain_batches, fresh, system.name, 500)

@@ -1,118 +1,291 @@
 """The queues under test, each driven through its public API the same way.
 
-A system prepares its own fresh database and offers five operations:
-enqueue a batch, offer one, poll a batch, ack a batch, poll one, ack one.
+Every system is async (the peers' Python APIs are): `open(conninfo)` gives a
+client handle in a client process; then enqueue a batch, offer one, poll a
+batch, ack a batch, poll one, ack one. `setup(conninfo)` installs the
+system's schema in its fresh database.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import uuid
 from datetime import timedelta
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any
 
 import psycopg
-from pgdq import Queue, install
+from pgdq import AsyncQueue, install
 
 QUEUE = "bench"
 LEASE = timedelta(seconds=60)
 
 
-class System(Protocol):
-    name: str
+class System:
+    """Base: a psycopg AsyncConnection per client."""
 
-    def setup(self, conn: psycopg.Connection[Any]) -> None: ...
-    def enqueue_batch(self, conn: psycopg.Connection[Any], keys: list[str], payloads: list[Any]) -> None: ...
-    def offer_one(self, conn: psycopg.Connection[Any], key: str, payload: Any) -> None: ...
-    def poll_batch(self, conn: psycopg.Connection[Any], n: int) -> list[Any]: ...
-    def ack_batch(self, conn: psycopg.Connection[Any], tokens: list[Any]) -> None: ...
-    def poll_one(self, conn: psycopg.Connection[Any]) -> Any | None: ...
-    def ack_one(self, conn: psycopg.Connection[Any], token: Any) -> None: ...
+    name = ""
+    settings = ""  # the documented fast settings used, for the report
+
+    def setup(self, conninfo: str) -> None:
+        raise NotImplementedError
+
+    async def open(self, conninfo: str) -> Any:
+        return await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+
+    async def close(self, handle: Any) -> None:
+        await handle.close()
+
+    async def enqueue_batch(self, h: Any, keys: list[str], payloads: list[Any]) -> None:
+        raise NotImplementedError
+
+    async def offer_one(self, h: Any, key: str, payload: Any) -> None:
+        raise NotImplementedError
+
+    async def poll_batch(self, h: Any, n: int) -> list[Any]:
+        raise NotImplementedError
+
+    async def ack_batch(self, h: Any, tokens: list[Any]) -> None:
+        raise NotImplementedError
+
+    async def poll_one(self, h: Any) -> Any | None:
+        got = await self.poll_batch(h, 1)
+        return got[0] if got else None
+
+    async def ack_one(self, h: Any, token: Any) -> None:
+        await self.ack_batch(h, [token])
 
 
-class RawSql:
+class RawSql(System):
     """The smallest hand-written queue: one table, FOR UPDATE SKIP LOCKED,
     two round trips per drained batch. The practical ceiling of the machine."""
 
     name = "raw SQL"
+    settings = "INSERT … SELECT unnest; UPDATE … WHERE id IN (… SKIP LOCKED); DELETE by id"
 
-    def setup(self, conn: psycopg.Connection[Any]) -> None:
-        conn.execute(
-            """CREATE TABLE raw_jobs (
-                   id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                   queue text NOT NULL, key text NOT NULL, payload jsonb NOT NULL,
-                   run_at timestamptz NOT NULL DEFAULT now(),
-                   UNIQUE (queue, key))"""
-        )
-        conn.execute("CREATE INDEX ON raw_jobs (queue, run_at, id)")
+    def setup(self, conninfo: str) -> None:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(
+                """CREATE TABLE raw_jobs (
+                       id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                       queue text NOT NULL, key text NOT NULL, payload jsonb NOT NULL,
+                       run_at timestamptz NOT NULL DEFAULT now(),
+                       UNIQUE (queue, key))"""
+            )
+            conn.execute("CREATE INDEX ON raw_jobs (queue, run_at, id)")
 
-    def enqueue_batch(self, conn: psycopg.Connection[Any], keys: list[str], payloads: list[Any]) -> None:
-        conn.execute(
+    async def enqueue_batch(self, h: Any, keys: list[str], payloads: list[Any]) -> None:
+        await h.execute(
             "INSERT INTO raw_jobs (queue, key, payload) SELECT %s, k, p::jsonb"
             " FROM unnest(%s::text[], %s::text[]) AS u (k, p) ON CONFLICT DO NOTHING",
             (QUEUE, keys, [json.dumps(p) for p in payloads]),
         )
 
-    def offer_one(self, conn: psycopg.Connection[Any], key: str, payload: Any) -> None:
-        conn.execute(
+    async def offer_one(self, h: Any, key: str, payload: Any) -> None:
+        await h.execute(
             "INSERT INTO raw_jobs (queue, key, payload) VALUES (%s, %s, %s::jsonb) ON CONFLICT DO NOTHING",
             (QUEUE, key, json.dumps(payload)),
         )
 
-    def poll_batch(self, conn: psycopg.Connection[Any], n: int) -> list[Any]:
-        rows = conn.execute(
+    async def poll_batch(self, h: Any, n: int) -> list[Any]:
+        cur = await h.execute(
             "UPDATE raw_jobs SET run_at = now() + %s WHERE id IN ("
             " SELECT id FROM raw_jobs WHERE queue = %s AND run_at <= now()"
             " ORDER BY run_at, id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING id, key, payload",
             (LEASE, QUEUE, n),
-        ).fetchall()
-        return [r[0] for r in rows]
+        )
+        return [r[0] for r in await cur.fetchall()]
 
-    def ack_batch(self, conn: psycopg.Connection[Any], tokens: list[Any]) -> None:
-        conn.execute("DELETE FROM raw_jobs WHERE id = ANY(%s)", (tokens,))
+    async def ack_batch(self, h: Any, tokens: list[Any]) -> None:
+        await h.execute("DELETE FROM raw_jobs WHERE id = ANY(%s)", (tokens,))
 
-    def poll_one(self, conn: psycopg.Connection[Any]) -> Any | None:
-        got = self.poll_batch(conn, 1)
-        return got[0] if got else None
-
-    def ack_one(self, conn: psycopg.Connection[Any], token: Any) -> None:
-        conn.execute("DELETE FROM raw_jobs WHERE id = %s", (token,))
+    async def ack_one(self, h: Any, token: Any) -> None:
+        await h.execute("DELETE FROM raw_jobs WHERE id = %s", (token,))
 
 
-class Pgdq:
-    """pgdq through its Python wrapper."""
+class Pgdq(System):
+    """pgdq through its Python wrapper (AsyncQueue)."""
 
     name = "pgdq"
+    settings = "offer_many; poll_many + ack_many; poll + ack"
 
-    def setup(self, conn: psycopg.Connection[Any]) -> None:
-        install(conn)
+    def setup(self, conninfo: str) -> None:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            install(conn)
 
-    def __init__(self) -> None:
-        self._queues: dict[int, Queue] = {}
+    async def open(self, conninfo: str) -> Any:
+        conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+        return AsyncQueue(QUEUE, conn, lease=LEASE)
 
-    def _q(self, conn: psycopg.Connection[Any]) -> Queue:
-        """One Queue per connection, as an application would hold it."""
-        if id(conn) not in self._queues:
-            self._queues[id(conn)] = Queue(QUEUE, conn, lease=LEASE)
-        return self._queues[id(conn)]
+    async def close(self, h: Any) -> None:
+        await h._source.close()
 
-    def enqueue_batch(self, conn: psycopg.Connection[Any], keys: list[str], payloads: list[Any]) -> None:
-        self._q(conn).offer_many(list(zip(keys, payloads, strict=True)))
+    async def enqueue_batch(self, h: Any, keys: list[str], payloads: list[Any]) -> None:
+        await h.offer_many(list(zip(keys, payloads, strict=True)))
 
-    def offer_one(self, conn: psycopg.Connection[Any], key: str, payload: Any) -> None:
-        self._q(conn).offer(key, payload)
+    async def offer_one(self, h: Any, key: str, payload: Any) -> None:
+        await h.offer(key, payload)
 
-    def poll_batch(self, conn: psycopg.Connection[Any], n: int) -> list[Any]:
-        return [d.lock_token for d in self._q(conn).poll_many(n)]
+    async def poll_batch(self, h: Any, n: int) -> list[Any]:
+        return [d.lock_token for d in await h.poll_many(n)]
 
-    def ack_batch(self, conn: psycopg.Connection[Any], tokens: list[Any]) -> None:
-        self._q(conn).ack_many(tokens)
+    async def ack_batch(self, h: Any, tokens: list[Any]) -> None:
+        await h.ack_many(tokens)
 
-    def poll_one(self, conn: psycopg.Connection[Any]) -> Any | None:
-        d = self._q(conn).poll()
+    async def poll_one(self, h: Any) -> Any | None:
+        d = await h.poll()
         return None if d is None else d.lock_token
 
-    def ack_one(self, conn: psycopg.Connection[Any], token: Any) -> None:
-        self._q(conn).ack(token)
+    async def ack_one(self, h: Any, token: Any) -> None:
+        await h.ack(token)
 
 
-SYSTEMS: dict[str, System] = {s.name: s for s in (RawSql(), Pgdq())}
+class PgQueuer(System):
+    """PgQueuer (PyPI) through its Queries API over psycopg: batch enqueue with
+    lists, dequeue(batch_size) and log_jobs, as its QueueManager does."""
+
+    name = "pgqueuer"
+    settings = "Queries.enqueue(lists); dequeue(batch_size=n) + log_jobs('successful')"
+
+    def setup(self, conninfo: str) -> None:
+        import asyncio
+
+        from pgqueuer.queries import Queries
+
+        async def go() -> None:
+            async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+                await Queries.from_psycopg_connection(conn).install()
+
+        asyncio.run(go())
+
+    async def open(self, conninfo: str) -> Any:
+        from pgqueuer.queries import EntrypointExecutionParameter, Queries
+
+        conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+        queries = Queries.from_psycopg_connection(conn)
+        entry = {QUEUE: EntrypointExecutionParameter(concurrency_limit=0)}
+        return conn, queries, entry, uuid.uuid4()
+
+    async def close(self, h: Any) -> None:
+        await h[0].close()
+
+    async def enqueue_batch(self, h: Any, keys: list[str], payloads: list[Any]) -> None:
+        size = len(keys)
+        await h[1].enqueue([QUEUE] * size, [json.dumps(p).encode() for p in payloads], [0] * size)
+
+    async def offer_one(self, h: Any, key: str, payload: Any) -> None:
+        await h[1].enqueue(QUEUE, json.dumps(payload).encode(), 0)
+
+    async def poll_batch(self, h: Any, n: int) -> list[Any]:
+        return list(await h[1].dequeue(n, h[2], h[3], None, LEASE))
+
+    async def ack_batch(self, h: Any, tokens: list[Any]) -> None:
+        if tokens:
+            await h[1].log_jobs([(job, "successful", None) for job in tokens])
+
+
+class Procrastinate(System):
+    """Procrastinate (PyPI): batch_defer_async, defer_async, and the job
+    manager's fetch_job / finish_job (one job per fetch, as its worker does)."""
+
+    name = "procrastinate"
+    settings = "batch_defer_async; fetch_job + finish_job(delete_job=True)"
+
+    @staticmethod
+    def _app(conninfo: str) -> Any:
+        import procrastinate
+
+        app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=conninfo, min_size=1, max_size=1))
+
+        @app.task(name="noop", queue=QUEUE)
+        async def noop(**_: Any) -> None:
+            return None
+
+        return app, noop
+
+    def setup(self, conninfo: str) -> None:
+        import asyncio
+
+        async def go() -> None:
+            app, _ = self._app(conninfo)
+            async with app.open_async():
+                await app.schema_manager.apply_schema_async()
+
+        asyncio.run(go())
+
+    async def open(self, conninfo: str) -> Any:
+        app, task = self._app(conninfo)
+        await app.open_async()
+        worker_id = await app.job_manager.register_worker()
+        return app, task, worker_id
+
+    async def close(self, h: Any) -> None:
+        await h[0].close_async()
+
+    async def enqueue_batch(self, h: Any, keys: list[str], payloads: list[Any]) -> None:
+        await h[1].batch_defer_async(*({"p": p} for p in payloads))
+
+    async def offer_one(self, h: Any, key: str, payload: Any) -> None:
+        await h[1].defer_async(p=payload)
+
+    async def poll_batch(self, h: Any, n: int) -> list[Any]:
+        job = await h[0].job_manager.fetch_job(queues=[QUEUE], worker_id=h[2])
+        return [] if job is None else [job]
+
+    async def ack_batch(self, h: Any, tokens: list[Any]) -> None:
+        from procrastinate.jobs import Status
+
+        for job in tokens:
+            await h[0].job_manager.finish_job(job, status=Status.SUCCEEDED, delete_job=True)
+
+
+SYSTEMS: dict[str, System] = {s.name: s for s in (RawSql(), Pgdq(), PgQueuer(), Procrastinate())}
+
+
+GRAPHILE = Path(__file__).resolve().parent / "graphile"
+
+
+class GraphileWorker(System):
+    """graphile-worker 0.17 (npm), run by bench/graphile/client.js: addJobs
+    batches, addJob singles, and its worker with localQueue batching and
+    batched completion for W2 (its documented fast path), plain for W3."""
+
+    name = "graphile-worker"
+    settings = "addJobs; run() with localQueue.size=500, completeJobBatchDelay=0, concurrency 10 (W2)"
+
+    @staticmethod
+    def _url(conninfo: str) -> str:
+        params = psycopg.conninfo.conninfo_to_dict(psycopg.conninfo.make_conninfo(conninfo))
+        host = params.get("host") or os.environ.get("PGHOST", "")
+        port = params.get("port") or os.environ.get("PGPORT", "5432")
+        user = params.get("user") or os.environ.get("PGUSER", "postgres")
+        return f"postgres:///{params['dbname']}?host={host}&port={port}&user={user}"
+
+    def _node(self, *args: Any) -> dict[str, Any]:
+        out = subprocess.run(
+            ["node", str(GRAPHILE / "client.js"), *map(str, args)], check=True, capture_output=True, text=True
+        ).stdout
+        lines = out.strip().splitlines()
+        return json.loads(lines[-1]) if lines else {}
+
+    def setup(self, conninfo: str) -> None:
+        if not (GRAPHILE / "node_modules").exists():
+            subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent"], cwd=GRAPHILE, check=True)
+        self._node("setup", self._url(conninfo))
+
+    def native(self, body: str, conninfo: str, args: tuple[Any, ...]) -> tuple[int, float, float]:
+        """Run a whole client body in node: (done, start, end) on the monotonic clock."""
+        url = self._url(conninfo)
+        command = {
+            "enqueue_part": lambda total, batch, clients, i: ("enqueue", url, total, batch, clients, i),
+            "offer_singles": lambda total, clients, i: ("offer", url, total, clients, i),
+            "drain_batches": lambda batch, i: ("drain", url, batch, 10),
+            "drain_singles": lambda i: ("drain", url, 1, 1),
+        }[body](*args)
+        got = self._node(*command)
+        return got["done"], got["start"], got["end"]
+
+
+SYSTEMS[GraphileWorker.name] = GraphileWorker()

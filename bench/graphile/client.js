@@ -1,0 +1,85 @@
+// graphile-worker 0.17 client for pgdq's `make bench`; one workload part per run.
+//   node client.js setup CONN
+//   node client.js enqueue CONN TOTAL BATCH CLIENTS I
+//   node client.js offer CONN TOTAL CLIENTS I
+//   node client.js drain CONN LOCAL_QUEUE_SIZE CONCURRENCY
+// Prints one JSON line: {"done": n, "start": seconds, "end": seconds} on the
+// monotonic clock (the same clock as Python's time.perf_counter on Linux).
+"use strict";
+const { Logger, makeWorkerUtils, run } = require("graphile-worker");
+
+const logger = new Logger(() => () => {}); // silent: logging every job would dominate
+
+const now = () => Number(process.hrtime.bigint()) / 1e9;
+const [mode, connectionString, ...args] = process.argv.slice(2);
+const report = (done, start, end) => console.log(JSON.stringify({ done, start, end }));
+
+async function enqueue(total, batch, clients, i) {
+  const utils = await makeWorkerUtils({ connectionString, logger });
+  const mine = [];
+  for (let k = i; k < total; k += clients) mine.push(k);
+  const start = now();
+  for (let s = 0; s < mine.length; s += batch) {
+    await utils.addJobs(mine.slice(s, s + batch).map((n) => ({ identifier: "noop", payload: { n } })));
+  }
+  const end = now();
+  await utils.release();
+  report(mine.length, start, end);
+}
+
+async function offer(total, clients, i) {
+  const utils = await makeWorkerUtils({ connectionString, logger });
+  let done = 0;
+  const start = now();
+  for (let k = i; k < total; k += clients) {
+    await utils.addJob("noop", { n: k });
+    done++;
+  }
+  const end = now();
+  await utils.release();
+  report(done, start, end);
+}
+
+// Work until no job is left; localQueueSize > 1 turns on batched fetching and
+// batched completion (the documented fast path), 1 means one job per fetch.
+async function drain(localQueueSize, concurrency) {
+  let done = 0;
+  const preset = localQueueSize > 1 ? { worker: { localQueue: { size: localQueueSize }, completeJobBatchDelay: 0 } } : {};
+  const runner = await run({
+    connectionString,
+    concurrency,
+    noHandleSignals: true,
+    logger,
+    crontab: "",
+    pollInterval: 1000,
+    preset,
+    taskList: { noop: async () => { done++; } },
+  });
+  const start = now();
+  const utils = await makeWorkerUtils({ connectionString, logger });
+  for (;;) {
+    const { rows } = await utils.withPgClient((c) => c.query("SELECT count(*)::int AS n FROM graphile_worker._private_jobs"));
+    if (rows[0].n === 0) break;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  const end = now();
+  await runner.stop();
+  await utils.release();
+  report(done, start, end);
+}
+
+async function main() {
+  if (mode === "setup") {
+    const utils = await makeWorkerUtils({ connectionString, logger });
+    await utils.migrate();
+    await utils.release();
+    return;
+  }
+  const nums = args.map(Number);
+  if (mode === "enqueue") return enqueue(...nums);
+  if (mode === "offer") return offer(...nums);
+  if (mode === "drain") return drain(...nums);
+  throw new Error(`unknown mode ${mode}`);
+}
+
+main().catch((e) => { console.error(e); process.exit(1); });
