@@ -45,6 +45,7 @@ async function offer(total, clients, i) {
 async function drain(localQueueSize, concurrency) {
   let done = 0;
   const preset = localQueueSize > 1 ? { worker: { localQueue: { size: localQueueSize }, completeJobBatchDelay: 0 } } : {};
+  const start = now(); // before run(): jobs start flowing as soon as it connects
   const runner = await run({
     connectionString,
     concurrency,
@@ -55,7 +56,6 @@ async function drain(localQueueSize, concurrency) {
     preset,
     taskList: { noop: async () => { done++; } },
   });
-  const start = now();
   const utils = await makeWorkerUtils({ connectionString, logger });
   for (;;) {
     const { rows } = await utils.withPgClient((c) => c.query("SELECT count(*)::int AS n FROM graphile_worker._private_jobs"));
