@@ -258,7 +258,69 @@ def w5_depth(system: System) -> dict[str, float]:
     return out
 
 
-WORKLOADS = {"W1": w1_enqueue, "W2": w2_drain, "W3": w3_single, "W4": w4_lateness, "W5": w5_depth}
+def _soak_producer(conninfo: str, rate: int, seconds: float, stop: Any) -> None:
+    """Offer `rate` messages a second, due now, in 10 ms ticks."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        q = Queue(QUEUE, conn)
+        per_tick, k, started = max(1, rate // 100), 0, time.perf_counter()
+        while not stop.is_set() and time.perf_counter() - started < seconds:
+            q.offer_many([(f"s{k + i}", {"n": k + i}) for i in range(per_tick)])
+            k += per_tick
+            time.sleep(max(0.0, started + k / rate - time.perf_counter()))
+
+
+def _soak_consumer(conninfo: str, acked: Any, stop: Any) -> None:
+    """Lease and ack in batches until told to stop."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        q = Queue(QUEUE, conn)
+        while not stop.is_set():
+            batch = q.poll_many(100, timedelta(seconds=30))
+            if not batch:
+                time.sleep(0.005)
+                continue
+            done = q.ack_many([d.lock_token for d in batch])
+            with acked.get_lock():
+                acked.value += done
+
+
+def w6_soak(system: System) -> dict[str, float]:
+    """W6 (pgdq): 5 minutes of steady offer + drain at 2,000 msgs/s; throughput
+    per 30 s window and table + index size at the start and the end."""
+    if system.name != "pgdq":
+        return {}
+    fresh = fresh_db(system)
+    seconds, window = 300 * SCALE, 30 * SCALE
+    ctx = mp.get_context("fork")
+    stop, acked = ctx.Event(), ctx.Value("q", 0)
+    procs = [ctx.Process(target=_soak_producer, args=(fresh, 2000, seconds, stop))]
+    procs += [ctx.Process(target=_soak_consumer, args=(fresh, acked, stop)) for _ in range(2)]
+    size_sql = (
+        "SELECT pg_table_size('dq_messages'), pg_indexes_size('dq_messages'),"
+        " (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'dq_messages')"
+    )
+    out: dict[str, float] = {}
+    with psycopg.connect(fresh, autocommit=True) as conn:
+        for p in procs:
+            p.start()
+        started, last = time.perf_counter(), 0
+        for w in range(1, int(seconds / window) + 1):
+            time.sleep(max(0.0, started + w * window - time.perf_counter()))
+            row = conn.execute(size_sql).fetchone()
+            assert row is not None
+            now_acked = acked.value
+            out[f"W6 window {w} msg/s"] = (now_acked - last) / window
+            last = now_acked
+            if w == 1:
+                out["W6 table MB at 30 s"], out["W6 indexes MB at 30 s"] = row[0] / 2**20, row[1] / 2**20
+            out["W6 table MB at end"], out["W6 indexes MB at end"] = row[0] / 2**20, row[1] / 2**20
+            out["W6 dead tuples at end"] = row[2] or 0
+        stop.set()
+        for p in procs:
+            p.join()
+    return out
+
+
+WORKLOADS = {"W1": w1_enqueue, "W2": w2_drain, "W3": w3_single, "W4": w4_lateness, "W5": w5_depth, "W6": w6_soak}
 
 
 def main() -> int:
@@ -289,7 +351,7 @@ def fmt(measure: str, value: float | None) -> str:
     """A cell: milliseconds with 3 decimals, rates as whole numbers."""
     if value is None:
         return "—"
-    return f"{value:,.3f}" if measure.endswith(" ms") else f"{value:,.0f}"
+    return f"{value:,.3f}" if measure.endswith((" ms", " MB at 30 s", " MB at end")) else f"{value:,.0f}"
 
 
 def render(results: dict[str, dict[str, float]]) -> str:
