@@ -309,11 +309,9 @@ def w6_soak(system: System) -> dict[str, float]:
             assert row is not None
             now_acked = acked.value
             out[f"W6 window {w} msg/s"] = (now_acked - last) / window
+            out[f"W6 window {w} table+indexes MB"] = (row[0] + row[1]) / 2**20
+            out[f"W6 window {w} dead tuples"] = row[2] or 0
             last = now_acked
-            if w == 1:
-                out["W6 table MB at 30 s"], out["W6 indexes MB at 30 s"] = row[0] / 2**20, row[1] / 2**20
-            out["W6 table MB at end"], out["W6 indexes MB at end"] = row[0] / 2**20, row[1] / 2**20
-            out["W6 dead tuples at end"] = row[2] or 0
         stop.set()
         for p in procs:
             p.join()
@@ -351,7 +349,7 @@ def fmt(measure: str, value: float | None) -> str:
     """A cell: milliseconds with 3 decimals, rates as whole numbers."""
     if value is None:
         return "—"
-    return f"{value:,.3f}" if measure.endswith((" ms", " MB at 30 s", " MB at end")) else f"{value:,.0f}"
+    return f"{value:,.3f}" if measure.endswith((" ms", " MB")) else f"{value:,.0f}"
 
 
 def render(results: dict[str, dict[str, float]]) -> str:
