@@ -250,7 +250,7 @@ AS $$
 DECLARE
     v_now timestamptz := dq_now();
     v_queue text := dq_offer_many.queue;
-    v_pending text[];        -- the distinct keys
+    v_keys text[];           -- the distinct keys
     v_distinct boolean;      -- no key repeats in the batch
     v_new text[];
     v_created integer := 0;
@@ -263,8 +263,8 @@ BEGIN
     PERFORM dq__not_null(can_update, 'can_update');
     PERFORM dq__check_offer_arrays(keys, payloads, scheduled_ats);
 
-    v_pending := ARRAY(SELECT DISTINCT k.k FROM unnest(keys) AS k (k));
-    v_distinct := cardinality(v_pending) = cardinality(keys);
+    v_keys := ARRAY(SELECT DISTINCT k.k FROM unnest(keys) AS k (k));
+    v_distinct := cardinality(v_keys) = cardinality(keys);
 
     -- One pass over the distinct keys in key order: a missing key is created
     -- with its final state, an existing one is locked (DO UPDATE ... WHERE
@@ -300,15 +300,15 @@ BEGIN
     SELECT coalesce(array_agg(inserted.key), '{}') INTO v_new FROM inserted;
     v_created := cardinality(v_new);
 
-    IF v_created < cardinality(v_pending) THEN
+    IF v_created < cardinality(v_keys) THEN
         -- the other keys existed and are locked by now: read their versions
         SELECT
-            array_agg(m.key),
+            coalesce(array_agg(m.key), '{}'),
             array_agg(m.payload),
             array_agg(m.scheduled_at)
         INTO v_stored_keys, v_stored_payloads, v_stored_ats
         FROM dq_messages AS m
-        INNER JOIN unnest(v_pending) AS p (k) ON m.key = p.k
+        INNER JOIN unnest(v_keys) AS p (k) ON m.key = p.k
         WHERE m.queue = v_queue
             AND NOT EXISTS (SELECT FROM unnest(v_new) AS n (k) WHERE n.k = m.key);
     END IF;
