@@ -253,7 +253,9 @@ class GraphileWorker(System):
     batched completion for W2 (its documented fast path), plain for W3."""
 
     name = "graphile-worker"
-    settings = "addJobs; run() with localQueue.size=500, completeJobBatchDelay=0, concurrency 10 (W2)"
+    settings = (
+        "addJobs; run() with localQueue.size=500, completeJobBatchDelay=0, concurrency 10 (W2); default run() (W4)"
+    )
 
     @staticmethod
     def _url(conninfo: str) -> str:
@@ -286,6 +288,10 @@ class GraphileWorker(System):
         }[body](*args)
         got = self._node(*command)
         return got["done"], got["start"], got["end"]
+
+    def lateness(self, conninfo: str, total: int) -> list[float]:
+        """W4 with graphile's own worker (default pollInterval 2 s finds future jobs)."""
+        return [float(x) for x in self._node("lateness", self._url(conninfo), total)["lateness_ms"]]
 
 
 SYSTEMS[GraphileWorker.name] = GraphileWorker()

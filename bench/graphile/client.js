@@ -3,6 +3,7 @@
 //   node client.js enqueue CONN TOTAL BATCH CLIENTS I
 //   node client.js offer CONN TOTAL CLIENTS I
 //   node client.js drain CONN LOCAL_QUEUE_SIZE CONCURRENCY
+//   node client.js lateness CONN TOTAL   (prints {"lateness_ms": [...]})
 // Prints one JSON line: {"done": n, "start": seconds, "end": seconds} on the
 // monotonic clock (the same clock as Python's time.perf_counter on Linux).
 "use strict";
@@ -68,6 +69,31 @@ async function drain(localQueueSize, concurrency) {
   report(done, start, end);
 }
 
+// W4: `total` jobs at distinct times over the next 10 s while the worker idles;
+// lateness = handler start - run_at (same machine clock), in milliseconds.
+async function lateness(total) {
+  const late = [];
+  const runner = await run({
+    connectionString,
+    concurrency: 10,
+    noHandleSignals: true,
+    logger,
+    crontab: "",
+    taskList: { noop: async (_payload, helpers) => { late.push(Date.now() - helpers.job.run_at.getTime()); } },
+  });
+  await new Promise((r) => setTimeout(r, 500)); // idle first
+  const utils = await makeWorkerUtils({ connectionString, logger });
+  const base = Date.now() + 1000;
+  const jobs = [];
+  for (let i = 0; i < total; i++) jobs.push({ identifier: "noop", payload: { i }, runAt: new Date(base + (i * 10000) / total) });
+  await utils.addJobs(jobs);
+  const deadline = Date.now() + 30000;
+  while (late.length < total && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
+  await runner.stop();
+  await utils.release();
+  console.log(JSON.stringify({ lateness_ms: late }));
+}
+
 async function main() {
   if (mode === "setup") {
     const utils = await makeWorkerUtils({ connectionString, logger });
@@ -79,6 +105,7 @@ async function main() {
   if (mode === "enqueue") return enqueue(...nums);
   if (mode === "offer") return offer(...nums);
   if (mode === "drain") return drain(...nums);
+  if (mode === "lateness") return lateness(...nums);
   throw new Error(`unknown mode ${mode}`);
 }
 
