@@ -60,6 +60,26 @@ CREATE FUNCTION dq__check_queue(queue text) RETURNS void
 LANGUAGE sql IMMUTABLE
 AS $$ SELECT @extschema@.dq__check_name(queue, 'queue', 100) $$;
 
+-- Raise 22004 naming the argument when the array or any element is NULL.
+CREATE FUNCTION dq__check_elements(arr anyarray, arg_name text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_bad integer := pg_catalog.array_position(arr, NULL);
+BEGIN
+    IF arr IS NULL THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22004',
+            MESSAGE = pg_catalog.format('pgdq: %s must not be NULL', arg_name);
+    END IF;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22004',
+            MESSAGE = pg_catalog.format('pgdq: %s[%s] must not be NULL', arg_name, v_bad);
+    END IF;
+END
+$$;
+
 -- Raise 22004/22023 unless lease is a positive interval.
 CREATE FUNCTION dq__check_lease(lease interval) RETURNS void
 LANGUAGE plpgsql IMMUTABLE

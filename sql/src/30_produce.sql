@@ -206,18 +206,8 @@ BEGIN
                 coalesce(cardinality(scheduled_ats)::text, 'NULL')
             );
     END IF;
-    v_bad := array_position(keys, NULL);
-    IF v_bad IS NOT NULL THEN
-        RAISE EXCEPTION USING
-            ERRCODE = '22004',
-            MESSAGE = format('pgdq: keys[%s] must not be NULL', v_bad);
-    END IF;
-    v_bad := array_position(payloads, NULL);
-    IF v_bad IS NOT NULL THEN
-        RAISE EXCEPTION USING
-            ERRCODE = '22004',
-            MESSAGE = format('pgdq: payloads[%s] must not be NULL', v_bad);
-    END IF;
+    PERFORM dq__check_elements(keys, 'keys');
+    PERFORM dq__check_elements(payloads, 'payloads');
     SELECT k.ord INTO v_bad
     FROM unnest(keys) WITH ORDINALITY AS k (k, ord)
     WHERE length(k.k) NOT BETWEEN 1 AND 200

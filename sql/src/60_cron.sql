@@ -107,22 +107,8 @@ BEGIN
                 cardinality(scheduled_ats), cardinality(payloads)
             );
     END IF;
-    IF array_position(scheduled_ats, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION USING
-            ERRCODE = '22004',
-            MESSAGE = format(
-                'pgdq: scheduled_ats[%s] must not be NULL',
-                array_position(scheduled_ats, NULL)
-            );
-    END IF;
-    IF array_position(payloads, NULL) IS NOT NULL THEN
-        RAISE EXCEPTION USING
-            ERRCODE = '22004',
-            MESSAGE = format(
-                'pgdq: payloads[%s] must not be NULL',
-                array_position(payloads, NULL)
-            );
-    END IF;
+    PERFORM dq__check_elements(scheduled_ats, 'scheduled_ats');
+    PERFORM dq__check_elements(payloads, 'payloads');
 
     PERFORM dq__cron_delete(queue, key_prefix, config_hash, true);
 
