@@ -1,7 +1,7 @@
--- Install: every api-v1 function with its exact signature, result shape,
+-- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
 -- defaults, security settings, the dq_delivery type, dq_now and dq_version.
 BEGIN;
-SELECT plan(43);
+SELECT plan(55);
 
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
@@ -48,6 +48,11 @@ INSERT INTO expected VALUES
 ('dq_ack', 'lock_token uuid', 'boolean'),
 ('dq_ack_many', 'lock_tokens uuid[]', 'integer'),
 (
+    'dq_ack_poll',
+    'lock_tokens uuid[], queue text, max_count integer, lease interval DEFAULT ''00:05:00''::interval',
+    'SETOF dq_delivery'
+),
+(
     'dq_nack',
     'lock_token uuid, retry_at timestamp with time zone DEFAULT NULL::timestamp with time zone, state jsonb DEFAULT NULL::jsonb',
     'boolean'
@@ -73,7 +78,21 @@ INSERT INTO expected VALUES
     'queue text, key_prefix text, config_hash text, scheduled_ats timestamp with time zone[], payloads jsonb[], can_update boolean DEFAULT false',  -- noqa: LT05
     'integer'
 ),
-('dq_cron_uninstall', 'queue text, key_prefix text, config_hash text DEFAULT NULL::text', 'integer');
+('dq_cron_uninstall', 'queue text, key_prefix text, config_hash text DEFAULT NULL::text', 'integer'),
+-- pgdq's additions: dead letters and queue settings
+('dq_configure', 'queue text, max_attempts integer', 'void'),
+('dq_dead_letter', 'lock_token uuid, error text DEFAULT NULL::text', 'boolean'),
+(
+    'dq_dead_list',
+    'queue text, max_count integer DEFAULT 100',
+    'TABLE(queue text, key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, created_at timestamp with time zone, attempts integer, error text, failed_at timestamp with time zone)'  -- noqa: LT05
+),
+(
+    'dq_dead_redrive',
+    'queue text, key text DEFAULT NULL::text, scheduled_at timestamp with time zone DEFAULT NULL::timestamp with time zone',
+    'integer'
+),
+('dq_dead_purge', 'queue text, key text DEFAULT NULL::text', 'bigint');
 
 SELECT is(
     (

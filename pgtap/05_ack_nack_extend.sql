@@ -1,7 +1,7 @@
 -- dq_ack, dq_ack_many, dq_nack, dq_extend: current vs stale tokens, NULLs,
--- retry times, checkpoints, heartbeats.
+-- retry times, checkpoints, heartbeats; dq_ack_poll.
 BEGIN;
-SELECT plan(37);
+SELECT plan(45);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 SELECT dq_offer_many('t_ack', ARRAY['a', 'b', 'c', 'd', 'e'], ARRAY['1', '2', '3', '4', '5']::jsonb[]);
@@ -118,6 +118,33 @@ SELECT ok(NOT dq_nack(NULL), 'dq_nack(NULL) is false');
 CREATE TEMP TABLE n3 AS SELECT * FROM dq_poll('t_nack', '1 minute');
 SELECT ok(dq_cancel('t_nack', 'n'), 'cancel a leased message');
 SELECT ok(NOT dq_ack((SELECT lock_token FROM n3)), 'the token of a cancelled message is stale');
+
+-- dq_ack_poll: the previous batch's acks ride on the next poll
+SELECT set_config('dq.now', '2024-01-01 12:00:00+00', TRUE);
+SELECT dq_offer_many('t_ap', ARRAY['p1', 'p2', 'p3', 'p4'], ARRAY['1', '2', '3', '4']::jsonb[]);
+CREATE TEMP TABLE ap1 AS SELECT * FROM dq_ack_poll(NULL, 't_ap', 2, '1 minute');
+SELECT is((SELECT array_agg(key ORDER BY key) FROM ap1), ARRAY['p1', 'p2'], 'with no tokens it is a plain poll');
+CREATE TEMP TABLE ap2 AS
+SELECT * FROM dq_ack_poll(array(SELECT lock_token FROM ap1) || gen_random_uuid(), 't_ap', 5, '1 minute');
+SELECT is((SELECT array_agg(key ORDER BY key) FROM ap2), ARRAY['p3', 'p4'], 'it acks, then leases the next batch');
+SELECT is((SELECT count(*)::int FROM dq_get('t_ap', 'p1')), 0, 'the acked messages are gone (unknown tokens ignored)');
+SELECT ok((SELECT bool_and(attempts = 1 AND lease_until = '2024-01-01 12:01:00+00') FROM ap2), 'the new batch is leased');
+SELECT throws_ok(
+    $$SELECT * FROM dq_ack_poll(ARRAY(SELECT lock_token FROM ap2), 't_ap', 5, NULL)$$,
+    '22004', NULL, 'a NULL lease is an error'
+);
+SELECT is((
+    SELECT count(*)::int FROM dq_stats('t_ap')
+    WHERE leased = 2
+), 1, 'and the error undid its acks');
+SELECT is(
+    (SELECT count(*)::int FROM dq_ack_poll(array(SELECT lock_token FROM ap2), 't_ap', 0)), 0,
+    'max_count 0 leases nothing'
+);
+SELECT is((
+    SELECT count(*)::int FROM dq_stats('t_ap')
+    WHERE ready + delayed + leased = 0
+), 1, 'but it acks');
 
 SELECT * FROM finish();
 ROLLBACK;

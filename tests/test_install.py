@@ -161,9 +161,14 @@ def test_documented_grants(database: str, queue_name: str) -> None:
         assert q.offer("k", 1).value == "created"
         q.offer_many([("k2", 2)])
         admin.execute("SET ROLE pgdq_consumer")
-        d = q.poll()
-        assert d is not None
+        q.configure(max_attempts=1)
+        d, d2 = q.poll_many(2)
         d.ack()
+        d2.dead_letter("documented grants")
+        admin.execute("SET ROLE pgdq_producer")
+        assert [x.key for x in q.dead_letters()] == [d2.key] and q.redrive() == 1
+        admin.execute("SET ROLE pgdq_consumer")
+        q.configure(max_attempts=None)
         admin.execute("SET ROLE pgdq_nobody")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             q.offer("k3", 3)

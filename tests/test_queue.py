@@ -111,6 +111,39 @@ def test_poll_many_and_ack_many(q: Queue) -> None:
     assert len(q.poll_many(100)) == 6
 
 
+def test_poll_many_with_acks(q: Queue) -> None:
+    q.offer_many([(f"k{i}", i, datetime(2020, 1, 1, tzinfo=UTC) + timedelta(seconds=i)) for i in range(5)])
+    first = q.poll_many(2, ack=[])
+    second = q.poll_many(2, ack=[d.lock_token for d in first] + [None])
+    assert [d.key for d in first] == ["k0", "k1"] and [d.key for d in second] == ["k2", "k3"]
+    assert q.get("k0") is None and q.get("k1") is None, "the first batch was acked"
+    with pytest.raises(InvalidArgument):
+        q.poll_many(2, lease=-1, ack=[d.lock_token for d in second])
+    assert q.stats().leased == 2, "a failed call acks nothing"
+    assert q.poll_many(0, ack=[d.lock_token for d in second]) == []
+    assert q.stats().leased == 0
+
+
+def test_dead_letters_and_settings(q: Queue) -> None:
+    q.offer_many([("a", 1), ("b", 2)])
+    a, b = q.poll_many(2)
+    a.dead_letter("broken")
+    with pytest.raises(StaleToken):
+        a.dead_letter("again")
+    assert q.dead_letter(b.lock_token) is True and q.dead_letter(None) is False
+    dead = q.dead_letters()
+    assert [(d.key, d.payload, d.attempts, d.error) for d in dead] == [("a", 1, 1, "broken"), ("b", 2, 1, None)]
+    assert q.redrive("a") == 1 and q.get("a") is not None
+    assert q.purge_dead_letters() == 1 and q.dead_letters() == []
+    with pytest.raises(InvalidArgument):
+        q.configure(max_attempts=0)
+    q.configure(max_attempts=1)
+    assert q.poll(timedelta(microseconds=1)) is not None
+    assert q.poll() is None and [d.key for d in q.dead_letters()] == ["a"], "the second delivery is refused"
+    q.configure(max_attempts=None)
+    q.purge_dead_letters()
+
+
 def test_cancel_purge_next_due_version(q: Queue) -> None:
     at = future(600)
     q.offer("a", 1, at)
@@ -188,6 +221,7 @@ def test_each_method_is_one_statement(database: str, queue_name: str) -> None:
             lambda: q.offer_many([("b", 1), ("c", 2)]),
             lambda: q.poll(),
             lambda: q.poll_many(5),
+            lambda: q.poll_many(5, ack=[None]),
             lambda: q.ack(None),
             lambda: q.ack_many([]),
             lambda: q.nack(None),
@@ -200,6 +234,11 @@ def test_each_method_is_one_statement(database: str, queue_name: str) -> None:
             lambda: q.cron_install("p", "h", [(future(60), 1)]),
             lambda: q.cron_uninstall("p"),
             lambda: q.version(),
+            lambda: q.configure(max_attempts=None),
+            lambda: q.dead_letter(None),
+            lambda: q.dead_letters(),
+            lambda: q.redrive(),
+            lambda: q.purge_dead_letters(),
         ]
         for call in calls:
             CountingCursor.statements.clear()

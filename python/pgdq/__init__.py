@@ -1,7 +1,8 @@
 """pgdq: a delayed-message queue inside PostgreSQL.
 
 Queue (blocking) and AsyncQueue (asyncio) wrap the SQL API of one queue; each
-method is one statement calling a dq_* function.
+method is one statement calling a dq_* function. Worker consumes queues with
+handlers (pgdq.worker).
 """
 
 from ._async_queue import AsyncDelivery, AsyncQueue
@@ -9,7 +10,8 @@ from ._sync_queue import Delivery, Queue
 from .codec import Codec, JsonCodec
 from .errors import AlreadyInstalled, InvalidArgument, NullArgument, PgdqError, StaleToken
 from .install import install, uninstall
-from .model import Message, MessageInfo, OfferOutcome, OfferResult, QueueStats
+from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, QueueStats
+from .worker import Backoff, Retry, Route, Worker, handler, lease_lost
 
 __version__ = "1.0.0"
 
@@ -17,7 +19,9 @@ __all__ = [
     "AlreadyInstalled",
     "AsyncDelivery",
     "AsyncQueue",
+    "Backoff",
     "Codec",
+    "DeadLetter",
     "Delivery",
     "InvalidArgument",
     "JsonCodec",
@@ -29,7 +33,12 @@ __all__ = [
     "PgdqError",
     "Queue",
     "QueueStats",
+    "Retry",
+    "Route",
     "StaleToken",
+    "Worker",
+    "handler",
     "install",
+    "lease_lost",
     "uninstall",
 ]

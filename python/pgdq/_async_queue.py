@@ -19,9 +19,11 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from . import _statements as st
-from .codec import Codec, JsonCodec
+from .codec import Codec, JsonCodec, dumps_array
 from .errors import StaleToken, translate
-from .model import Message, MessageInfo, OfferOutcome, OfferResult, QueueStats
+from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, QueueStats
+
+_OUTCOMES = {o.value: o for o in OfferOutcome}
 
 AsyncSource = AsyncConnection[Any] | AsyncConnectionPool[Any] | str
 
@@ -58,6 +60,11 @@ class AsyncDelivery:
         """Give the message back, due at retry_at (None: now), saving state if given."""
         if not await self.source.nack(self.lock_token, retry_at, state, conn=conn):
             raise StaleToken(f"cannot nack {self.key!r}: the delivery is no longer current")
+
+    async def dead_letter(self, error: str | None = None, *, conn: AsyncConnection[Any] | None = None) -> None:
+        """Give up on the message: move it to the dead letters with error."""
+        if not await self.source.dead_letter(self.lock_token, error, conn=conn):
+            raise StaleToken(f"cannot dead-letter {self.key!r}: the delivery is no longer current")
 
     async def extend(self, lease: st.Lease, *, conn: AsyncConnection[Any] | None = None) -> datetime:
         """Lease until now + lease; the new lease end. StaleToken if not current."""
@@ -179,9 +186,9 @@ class AsyncQueue:
     ) -> list[OfferResult]:
         """Offer a batch (dq_offer_many): one result per element, in order."""
         keys, payloads, times = st.split_messages(messages)
-        params = (self.name, keys, [self.codec.dumps(p) for p in payloads], times, can_update)
+        params = (self.name, keys, dumps_array(self.codec, payloads), times, can_update)
         rows = await self._rows("offer_many", params, conn)
-        return [OfferResult(key, OfferOutcome(outcome)) for key, outcome in rows]
+        return [OfferResult(key, _OUTCOMES[outcome]) for key, (outcome,) in zip(keys, rows, strict=True)]
 
     # consuming
 
@@ -193,10 +200,21 @@ class AsyncQueue:
         return self._delivery(rows[0]) if rows else None
 
     async def poll_many(
-        self, max_count: int, lease: st.Lease | None = None, *, conn: AsyncConnection[Any] | None = None
+        self,
+        max_count: int,
+        lease: st.Lease | None = None,
+        *,
+        ack: Sequence[UUID | None] | None = None,
+        conn: AsyncConnection[Any] | None = None,
     ) -> list[AsyncDelivery]:
-        """Lease up to max_count due messages, earliest due first (dq_poll_many)."""
-        rows = await self._rows("poll_many", (self.name, max_count, self._lease(lease)), conn)
+        """Lease up to max_count due messages, earliest due first (dq_poll_many).
+        With ack=, first ack those tokens in the same statement (dq_ack_poll):
+        a batch consumer hands back its previous batch with its next poll."""
+        if ack is None:
+            rows = await self._rows("poll_many", (self.name, max_count, self._lease(lease)), conn)
+        else:
+            params = (st.token_list(ack), self.name, max_count, self._lease(lease))
+            rows = await self._rows("ack_poll", params, conn)
         return [self._delivery(r) for r in rows]
 
     async def ack(self, lock_token: UUID | None, *, conn: AsyncConnection[Any] | None = None) -> bool:
@@ -257,6 +275,38 @@ class AsyncQueue:
         due: datetime | None = await self._value("next_due", (self.name,), conn)
         return due
 
+    # dead letters and settings
+
+    async def configure(self, *, max_attempts: int | None, conn: AsyncConnection[Any] | None = None) -> None:
+        """Set the queue's max_attempts (None: no limit); polls enforce it (dq_configure)."""
+        await self._rows("configure", (self.name, max_attempts), conn)
+
+    async def dead_letter(
+        self, lock_token: UUID | None, error: str | None = None, *, conn: AsyncConnection[Any] | None = None
+    ) -> bool:
+        """Move the message leased under lock_token to the dead letters; False when stale."""
+        return bool(await self._value("dead_letter", (lock_token, error), conn))
+
+    async def dead_letters(self, max_count: int = 100, *, conn: AsyncConnection[Any] | None = None) -> list[DeadLetter]:
+        """Up to max_count dead letters, oldest failure first (dq_dead_list)."""
+        rows = await self._rows("dead_list", (self.name, max_count), conn)
+        return [DeadLetter(q, k, self.codec.load(p), *rest) for q, k, p, *rest in rows]
+
+    async def redrive(
+        self,
+        key: str | None = None,
+        scheduled_at: datetime | None = None,
+        *,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> int:
+        """Offer the dead letters (key's only, if given) again; how many (dq_dead_redrive)."""
+        params = (self.name, key, st.aware(scheduled_at, "scheduled_at"))
+        return int(await self._value("dead_redrive", params, conn))
+
+    async def purge_dead_letters(self, key: str | None = None, *, conn: AsyncConnection[Any] | None = None) -> int:
+        """Delete the dead letters (key's only, if given); how many (dq_dead_purge)."""
+        return int(await self._value("dead_purge", (self.name, key), conn))
+
     # recurring
 
     async def cron_install(
@@ -272,7 +322,7 @@ class AsyncQueue:
         replacing other configurations' pending ones; how many were created."""
         pairs = list(occurrences)
         times = [st.aware(at, f"occurrences[{i}]") for i, (at, _) in enumerate(pairs)]
-        payloads = [self.codec.dumps(p) for _, p in pairs]
+        payloads = dumps_array(self.codec, [p for _, p in pairs])
         params = (self.name, key_prefix, config_hash, times, payloads, can_update)
         return int(await self._value("cron_install", params, conn))
 

@@ -18,9 +18,11 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
 from . import _statements as st
-from .codec import Codec, JsonCodec
+from .codec import Codec, JsonCodec, dumps_array
 from .errors import StaleToken, translate
-from .model import Message, MessageInfo, OfferOutcome, OfferResult, QueueStats
+from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, QueueStats
+
+_OUTCOMES = {o.value: o for o in OfferOutcome}
 
 Source = Connection[Any] | ConnectionPool[Any] | str
 
@@ -57,6 +59,11 @@ class Delivery:
         """Give the message back, due at retry_at (None: now), saving state if given."""
         if not self.source.nack(self.lock_token, retry_at, state, conn=conn):
             raise StaleToken(f"cannot nack {self.key!r}: the delivery is no longer current")
+
+    def dead_letter(self, error: str | None = None, *, conn: Connection[Any] | None = None) -> None:
+        """Give up on the message: move it to the dead letters with error."""
+        if not self.source.dead_letter(self.lock_token, error, conn=conn):
+            raise StaleToken(f"cannot dead-letter {self.key!r}: the delivery is no longer current")
 
     def extend(self, lease: st.Lease, *, conn: Connection[Any] | None = None) -> datetime:
         """Lease until now + lease; the new lease end. StaleToken if not current."""
@@ -178,9 +185,9 @@ class Queue:
     ) -> list[OfferResult]:
         """Offer a batch (dq_offer_many): one result per element, in order."""
         keys, payloads, times = st.split_messages(messages)
-        params = (self.name, keys, [self.codec.dumps(p) for p in payloads], times, can_update)
+        params = (self.name, keys, dumps_array(self.codec, payloads), times, can_update)
         rows = self._rows("offer_many", params, conn)
-        return [OfferResult(key, OfferOutcome(outcome)) for key, outcome in rows]
+        return [OfferResult(key, _OUTCOMES[outcome]) for key, (outcome,) in zip(keys, rows, strict=True)]
 
     # consuming
 
@@ -192,10 +199,21 @@ class Queue:
         return self._delivery(rows[0]) if rows else None
 
     def poll_many(
-        self, max_count: int, lease: st.Lease | None = None, *, conn: Connection[Any] | None = None
+        self,
+        max_count: int,
+        lease: st.Lease | None = None,
+        *,
+        ack: Sequence[UUID | None] | None = None,
+        conn: Connection[Any] | None = None,
     ) -> list[Delivery]:
-        """Lease up to max_count due messages, earliest due first (dq_poll_many)."""
-        rows = self._rows("poll_many", (self.name, max_count, self._lease(lease)), conn)
+        """Lease up to max_count due messages, earliest due first (dq_poll_many).
+        With ack=, first ack those tokens in the same statement (dq_ack_poll):
+        a batch consumer hands back its previous batch with its next poll."""
+        if ack is None:
+            rows = self._rows("poll_many", (self.name, max_count, self._lease(lease)), conn)
+        else:
+            params = (st.token_list(ack), self.name, max_count, self._lease(lease))
+            rows = self._rows("ack_poll", params, conn)
         return [self._delivery(r) for r in rows]
 
     def ack(self, lock_token: UUID | None, *, conn: Connection[Any] | None = None) -> bool:
@@ -256,6 +274,38 @@ class Queue:
         due: datetime | None = self._value("next_due", (self.name,), conn)
         return due
 
+    # dead letters and settings
+
+    def configure(self, *, max_attempts: int | None, conn: Connection[Any] | None = None) -> None:
+        """Set the queue's max_attempts (None: no limit); polls enforce it (dq_configure)."""
+        self._rows("configure", (self.name, max_attempts), conn)
+
+    def dead_letter(
+        self, lock_token: UUID | None, error: str | None = None, *, conn: Connection[Any] | None = None
+    ) -> bool:
+        """Move the message leased under lock_token to the dead letters; False when stale."""
+        return bool(self._value("dead_letter", (lock_token, error), conn))
+
+    def dead_letters(self, max_count: int = 100, *, conn: Connection[Any] | None = None) -> list[DeadLetter]:
+        """Up to max_count dead letters, oldest failure first (dq_dead_list)."""
+        rows = self._rows("dead_list", (self.name, max_count), conn)
+        return [DeadLetter(q, k, self.codec.load(p), *rest) for q, k, p, *rest in rows]
+
+    def redrive(
+        self,
+        key: str | None = None,
+        scheduled_at: datetime | None = None,
+        *,
+        conn: Connection[Any] | None = None,
+    ) -> int:
+        """Offer the dead letters (key's only, if given) again; how many (dq_dead_redrive)."""
+        params = (self.name, key, st.aware(scheduled_at, "scheduled_at"))
+        return int(self._value("dead_redrive", params, conn))
+
+    def purge_dead_letters(self, key: str | None = None, *, conn: Connection[Any] | None = None) -> int:
+        """Delete the dead letters (key's only, if given); how many (dq_dead_purge)."""
+        return int(self._value("dead_purge", (self.name, key), conn))
+
     # recurring
 
     def cron_install(
@@ -271,7 +321,7 @@ class Queue:
         replacing other configurations' pending ones; how many were created."""
         pairs = list(occurrences)
         times = [st.aware(at, f"occurrences[{i}]") for i, (at, _) in enumerate(pairs)]
-        payloads = [self.codec.dumps(p) for _, p in pairs]
+        payloads = dumps_array(self.codec, [p for _, p in pairs])
         params = (self.name, key_prefix, config_hash, times, payloads, can_update)
         return int(self._value("cron_install", params, conn))
 

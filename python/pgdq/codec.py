@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from .errors import InvalidArgument
@@ -23,6 +24,15 @@ class Codec(Protocol):
     def load(self, value: Any) -> Any:
         """The payload for a JSON value decoded from jsonb."""
         ...
+
+
+def dumps_array(codec: Codec, values: Sequence[Any]) -> str:
+    """One JSON array document of values, as offer_many sends a batch's
+    payloads: the codec's own dumps_array when it has one."""
+    encode_all = getattr(codec, "dumps_array", None)
+    if callable(encode_all):
+        return str(encode_all(values))
+    return "[" + ",".join(map(codec.dumps, values)) + "]"
 
 
 def _plain(value: Any) -> Any:
@@ -50,6 +60,10 @@ class JsonCodec:
             return json.dumps(value, default=_plain, separators=(",", ":"))
         except (TypeError, ValueError) as e:
             raise InvalidArgument(f"payload is not JSON serialisable: {e}") from e
+
+    def dumps_array(self, values: Sequence[Any]) -> str:
+        """One JSON array of values, encoded in one call (batches)."""
+        return self.dumps(list(values))
 
     def load(self, value: Any) -> Any:
         target = self.payload_type

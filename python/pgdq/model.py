@@ -56,3 +56,18 @@ class QueueStats:
     leased: int
     oldest_ready_at: datetime | None
     next_due_at: datetime | None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A message given up on (one row of dq_dead_list)."""
+
+    queue: str
+    key: str
+    payload: Any
+    state: Any
+    scheduled_at: datetime
+    created_at: datetime
+    attempts: int
+    error: str | None
+    failed_at: datetime

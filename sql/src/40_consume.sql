@@ -8,12 +8,15 @@ CREATE FUNCTION dq_poll_many(
 ) RETURNS SETOF dq_delivery
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := dq_now();
     v_queue text := dq_poll_many.queue;
     v_ids bigint[];
+    v_max_attempts integer;  -- dq_configure; NULL: no limit
+    v_spent bigint[];        -- picked, but already delivered max_attempts times
 BEGIN
     IF NOT dq__valid_name(v_queue, 100)
         OR max_count IS NULL
@@ -26,17 +29,41 @@ BEGIN
         RETURN;
     END IF;
 
+    v_max_attempts := (SELECT q.max_attempts FROM dq_queues AS q WHERE q.queue = v_queue);
+
     -- Pick and lock in one index range scan of (queue, due_at, id); rows a
-    -- concurrent poller holds are skipped, never waited for. The array keeps
-    -- both statements' plans index-only, generic or custom.
-    v_ids := ARRAY(
-        SELECT m.id
+    -- concurrent poller holds are skipped, never waited for. The arrays keep
+    -- every statement's plan on an index, generic or custom.
+    SELECT
+        coalesce(array_agg(p.id), '{}'),
+        coalesce(array_agg(p.id) FILTER (WHERE p.attempts >= v_max_attempts), '{}')
+    INTO v_ids, v_spent
+    FROM (
+        SELECT m.id, m.attempts
         FROM dq_messages AS m
         WHERE m.queue = v_queue AND m.due_at <= v_now
         ORDER BY m.due_at, m.id
         LIMIT max_count
         FOR UPDATE SKIP LOCKED
-    );
+    ) AS p;
+
+    -- A due message that already had max_attempts deliveries lost its last
+    -- lease without an ack or nack (its consumers keep dying): bury it.
+    IF cardinality(v_spent) > 0 THEN
+        PERFORM dq__bury(
+            v_spent,
+            format(
+                'pgdq: gave up after %s deliveries (max_attempts %s): the last lease expired without an ack or nack',
+                v_max_attempts, v_max_attempts
+            ),
+            v_now
+        );
+        v_ids := ARRAY(
+            SELECT i.id FROM unnest(v_ids) WITH ORDINALITY AS i (id, pos)
+            WHERE i.id <> ALL (v_spent)
+            ORDER BY i.pos
+        );
+    END IF;
     IF cardinality(v_ids) = 0 THEN
         RETURN;
     END IF;
@@ -75,6 +102,7 @@ AS $$ SELECT * FROM dq_poll_many(queue, 1, lease) $$;
 CREATE FUNCTION dq_ack(lock_token uuid) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -89,6 +117,7 @@ $$;
 CREATE FUNCTION dq_ack_many(lock_tokens uuid[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 DECLARE
     v_deleted integer;
@@ -111,6 +140,25 @@ BEGIN
 END
 $$;
 
+-- Ack lock_tokens (as dq_ack_many), then poll (as dq_poll_many), in one
+-- statement: a batch consumer hands back its previous batch with its next
+-- poll, one round trip per batch. An extension of api-v1.
+CREATE FUNCTION dq_ack_poll(
+    lock_tokens uuid[],
+    queue text,
+    max_count integer,
+    lease interval DEFAULT '5 minutes'
+) RETURNS SETOF dq_delivery
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+BEGIN
+    PERFORM dq_ack_many(lock_tokens);
+    -- a bad queue, max_count or lease raises here and undoes the acks
+    RETURN QUERY SELECT * FROM dq_poll_many(queue, max_count, lease);
+END
+$$;
+
 -- Give a leased message back, due at retry_at (NULL: now); false when stale.
 CREATE FUNCTION dq_nack(
     lock_token uuid,
@@ -119,6 +167,7 @@ CREATE FUNCTION dq_nack(
 ) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -141,6 +190,7 @@ CREATE FUNCTION dq_extend(
 ) RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE

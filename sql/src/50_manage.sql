@@ -147,6 +147,7 @@ AS $$ SELECT * FROM dq__stats($1) $$;
 CREATE FUNCTION dq_next_due(queue text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, @extschema@, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 BEGIN

@@ -1,0 +1,437 @@
+"""Worker: consume queues with handlers, with leases kept alive, retries with
+backoff, dead letters, wake-ups instead of polling, and a clean shutdown.
+
+    worker = Worker({"emails": send_email}, dsn="postgresql:///app", concurrency=8)
+    worker.run()            # until SIGTERM / SIGINT; returns 0 after a clean stop
+
+A handler takes the delivery (payload decoded) and returns when the work is
+done; the worker acks it. Async handlers run as asyncio tasks, plain functions
+in a thread pool. Raising `Retry(at=..., state=...)` brings the message back
+at a chosen time with a checkpoint; any other exception retries it with the
+backoff policy, and after max_attempts moves it to the dead letters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import os
+import random
+import signal
+import threading
+import traceback
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from ._async_queue import AsyncDelivery, AsyncQueue
+from .codec import Codec
+
+log = logging.getLogger("pgdq.worker")
+
+Handler = Callable[[AsyncDelivery], Any]
+T = TypeVar("T")
+
+# errors a lost connection or a restarting server raise; the worker retries these
+TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout, OSError)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Retry delays: base * factor ** (attempts - 1), at most cap, the last
+    `jitter` fraction of it drawn at random so failing messages spread out."""
+
+    base: timedelta = timedelta(seconds=1)
+    cap: timedelta = timedelta(minutes=10)
+    factor: float = 2.0
+    jitter: float = 0.5
+
+    def delay(self, attempts: int) -> timedelta:
+        """The wait before the next delivery after `attempts` deliveries failed."""
+        full = min(self.cap.total_seconds(), self.base.total_seconds() * self.factor ** max(0, attempts - 1))
+        return timedelta(seconds=full * (1 - self.jitter * random.random()))
+
+
+class Retry(Exception):  # noqa: N818 - raised as control flow, like StopIteration
+    """Raise from a handler to retry at a chosen time (an aware datetime, or a
+    delay), saving state as the message's checkpoint. at=None: the backoff."""
+
+    def __init__(self, at: datetime | timedelta | None = None, state: Any = None) -> None:
+        super().__init__(at, state)
+        self.at = at
+        self.state = state
+
+
+@dataclass(frozen=True)
+class Route:
+    """A queue's handler and its overrides of the worker's defaults."""
+
+    handler: Handler
+    lease: timedelta | None = None
+    max_attempts: int | None = None
+    backoff: Backoff | None = None
+
+
+def handler(
+    *, lease: timedelta | None = None, max_attempts: int | None = None, backoff: Backoff | None = None
+) -> Callable[[T], T]:
+    """Decorator: per-handler overrides of lease, max_attempts and backoff."""
+
+    def mark(fn: T) -> T:
+        fn.__pgdq_route__ = {"lease": lease, "max_attempts": max_attempts, "backoff": backoff}  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+@dataclass(frozen=True)
+class _Policy:
+    """A queue's handler with every setting resolved."""
+
+    handler: Handler
+    lease: timedelta
+    max_attempts: int
+    backoff: Backoff
+
+
+@dataclass
+class _Running:
+    """One delivery being handled."""
+
+    queue: AsyncQueue
+    delivery: AsyncDelivery
+    lost: threading.Event = field(default_factory=threading.Event)  # the lease was lost
+    abandoned: bool = False  # handed back at shutdown: its outcome no longer counts
+    task: asyncio.Task[Any] | None = None  # the async handler's task
+
+
+_current: contextvars.ContextVar[_Running] = contextvars.ContextVar("pgdq_current")
+
+
+def lease_lost() -> bool:
+    """Inside a handler: True once its lease was lost (another consumer may
+    have the message now). Sync handlers should check it and stop; async
+    handlers are cancelled instead."""
+    running = _current.get(None)
+    return running is not None and running.lost.is_set()
+
+
+class Worker:
+    """Consume one or more queues. queues is a queue name (with handler) or a
+    mapping of queue name to handler or Route."""
+
+    def __init__(
+        self,
+        queues: str | Mapping[str, Handler | Route],
+        handler: Handler | None = None,
+        *,
+        dsn: str,
+        concurrency: int = 8,
+        lease: timedelta = timedelta(minutes=1),
+        max_attempts: int = 10,
+        backoff: Backoff | None = None,
+        grace: timedelta = timedelta(seconds=30),
+        idle_cap: timedelta = timedelta(seconds=30),
+        schema: str | None = None,
+        codec: Codec | None = None,
+        payload_type: type[Any] | None = None,
+    ) -> None:
+        if isinstance(queues, str):
+            if handler is None:
+                raise TypeError("Worker(queue, handler): the handler is missing")
+            queues = {queues: handler}
+        if not queues or concurrency < 1 or max_attempts < 1:
+            raise ValueError("a worker needs at least one queue, concurrency >= 1 and max_attempts >= 1")
+        self.dsn = dsn
+        self.concurrency = concurrency
+        self.grace = grace
+        self.idle_cap = idle_cap
+        defaults = _Policy(route_missing, lease, max_attempts, backoff or Backoff())
+        self.routes = {name: _resolve(r, defaults) for name, r in queues.items()}
+        self._queue_args: dict[str, Any] = {"schema": schema, "codec": codec, "payload_type": payload_type}
+        self._running: dict[asyncio.Task[None], _Running] = {}
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._signals = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # --- running -------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until SIGTERM / SIGINT (a second one exits at once); 0 after a clean stop."""
+        return asyncio.run(self.run_async(handle_signals=True))
+
+    async def run_async(self, *, handle_signals: bool = False) -> int:
+        """Run until stop() (or a signal, with handle_signals); 0 after a clean stop."""
+        self._loop = asyncio.get_running_loop()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(sig, self._on_signal, sig)
+        pool = AsyncConnectionPool(
+            self.dsn,
+            min_size=1,
+            max_size=min(self.concurrency, 16) + 2,  # polls, heartbeats and acks are short
+            kwargs={"autocommit": True},
+            check=AsyncConnectionPool.check_connection,
+            open=False,
+            name="pgdq-worker",
+        )
+        await pool.open(wait=False)
+        threads = ThreadPoolExecutor(self.concurrency, thread_name_prefix="pgdq-handler")
+        queues = {name: AsyncQueue(name, pool, lease=r.lease, **self._queue_args) for name, r in self.routes.items()}
+        listener = asyncio.create_task(self._listen())
+        try:
+            await self._configure(queues)
+            await self._consume(queues, threads)
+            await self._drain()
+        finally:
+            listener.cancel()
+            threads.shutdown(wait=False, cancel_futures=True)
+            await pool.close()
+            if handle_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    self._loop.remove_signal_handler(sig)
+        log.info("pgdq worker stopped cleanly")
+        return 0
+
+    def stop(self) -> None:
+        """Ask for a graceful stop (from any thread)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._begin_stop)
+
+    def _on_signal(self, sig: int) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            log.warning("pgdq worker: second %s, exiting now", signal.Signals(sig).name)
+            os._exit(128 + sig)
+        log.info("pgdq worker: %s, finishing running handlers", signal.Signals(sig).name)
+        self._begin_stop()
+
+    def _begin_stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    # --- fetching ------------------------------------------------------------
+
+    async def _configure(self, queues: Mapping[str, AsyncQueue]) -> None:
+        """Store each queue's max_attempts, so polls dead-letter messages whose
+        consumers keep crashing (retried while the server is unreachable)."""
+        for name, q in queues.items():
+            configure = partial(q.configure, max_attempts=self.routes[name].max_attempts)
+            await self._retrying(f"configure {name}", configure)
+
+    async def _consume(self, queues: Mapping[str, AsyncQueue], threads: ThreadPoolExecutor) -> None:
+        """Fill free slots with polls; when nothing is due, sleep until the next
+        due time, a wake-up, a free slot or the stop."""
+        order = list(queues)
+        while not self._stopping.is_set():
+            self._wake.clear()
+            free = self.concurrency - len(self._running)
+            got = 0
+            if free > 0:
+                random.shuffle(order)  # no queue starves the others
+                for name in order:
+                    if got >= free or self._stopping.is_set():
+                        break
+                    batch = await self._safely(queues[name].poll_many(free - got), [])
+                    for delivery in batch:
+                        self._start(queues[name], delivery, threads)
+                    got += len(batch)
+            if got == 0 and not self._stopping.is_set():
+                await self._idle(queues, free > 0)
+
+    async def _idle(self, queues: Mapping[str, AsyncQueue], slots_free: bool) -> None:
+        """Wait for a wake-up, a finished handler, or (with free slots) the
+        earliest next due time of the queues, at most idle_cap."""
+        wait = self.idle_cap.total_seconds()
+        if slots_free:
+            now = datetime.now(UTC)
+            for q in queues.values():
+                due = await self._safely(q.next_due(), None)
+                if due is not None:
+                    wait = min(wait, max(0.0, (due - now).total_seconds()))
+        if wait > 0:
+            try:
+                await asyncio.wait_for(self._wake.wait(), wait)
+            except TimeoutError:
+                pass
+
+    async def _listen(self) -> None:
+        """LISTEN dq_wakeup on a connection of its own; reconnect when it drops."""
+        delay = 0.1
+        while True:
+            try:
+                async with await AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                    await conn.execute("LISTEN dq_wakeup")
+                    delay = 0.1
+                    self._wake.set()  # anything offered while we were not listening
+                    async for note in conn.notifies():
+                        if note.payload in self.routes:
+                            self._wake.set()
+            except TRANSIENT as e:
+                log.warning("pgdq worker: wake-up connection lost (%s); reconnecting in %.1f s", e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    # --- handling ------------------------------------------------------------
+
+    def _start(self, q: AsyncQueue, delivery: AsyncDelivery, threads: ThreadPoolExecutor) -> None:
+        run = _Running(q, delivery)
+        task = asyncio.create_task(self._handle(run, threads))
+        self._running[task] = run
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.pop(task, None)
+        self._wake.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("pgdq worker: internal error", exc_info=task.exception())
+
+    async def _handle(self, run: _Running, threads: ThreadPoolExecutor) -> None:
+        """Run the handler under a heartbeat, then ack, retry or dead-letter."""
+        policy = self.routes[run.queue.name]
+        heartbeat = asyncio.create_task(self._heartbeat(run, policy.lease))
+        _current.set(run)
+        outcome: Callable[[], Awaitable[bool]]
+        try:
+            await self._call(policy.handler, run, threads)
+            outcome = partial(run.queue.ack, run.delivery.lock_token)
+        except asyncio.CancelledError:
+            if not (run.lost.is_set() or run.abandoned):
+                raise
+            return
+        except Retry as retry:
+            outcome = partial(self._retry, run, policy, retry)
+        except Exception as error:
+            outcome = partial(self._fail, run, policy, error)
+        finally:
+            heartbeat.cancel()
+        await self._settle(run, outcome)
+
+    @staticmethod
+    async def _call(fn: Handler, run: _Running, threads: ThreadPoolExecutor) -> None:
+        """An async handler as a task of its own (so a lost lease can cancel
+        it), a plain one in the thread pool."""
+        if inspect.iscoroutinefunction(fn):
+            run.task = asyncio.create_task(fn(run.delivery))
+            await run.task
+        else:
+            context = contextvars.copy_context()
+            await asyncio.get_running_loop().run_in_executor(threads, context.run, fn, run.delivery)
+
+    async def _settle(self, run: _Running, call: Callable[[], Awaitable[Any]]) -> None:
+        """Ack / nack / dead-letter, unless the lease was lost or the delivery
+        was handed back; retried while the server is unreachable."""
+        if run.lost.is_set() or run.abandoned:
+            log.warning("pgdq worker: %s finished after its lease was lost; left alone", run.delivery.key)
+            return
+        if not await self._retrying(f"settle {run.delivery.key}", call):
+            log.warning("pgdq worker: %s was no longer ours when it finished", run.delivery.key)
+
+    async def _retry(self, run: _Running, route: _Policy, retry: Retry) -> bool:
+        d = run.delivery
+        if d.attempts >= route.max_attempts:
+            return await run.queue.dead_letter(d.lock_token, f"Retry requested after {d.attempts} attempts")
+        at = retry.at
+        if at is None:
+            at = datetime.now(UTC) + route.backoff.delay(d.attempts)
+        elif isinstance(at, timedelta):
+            at = datetime.now(UTC) + at
+        return await run.queue.nack(d.lock_token, at, retry.state)
+
+    async def _fail(self, run: _Running, route: _Policy, error: Exception) -> bool:
+        d = run.delivery
+        if d.attempts >= route.max_attempts:
+            text = "".join(traceback.format_exception(error))[-4000:]
+            log.warning("pgdq worker: %s failed %s times, dead-lettered: %r", d.key, d.attempts, error)
+            return await run.queue.dead_letter(d.lock_token, text)
+        at = datetime.now(UTC) + route.backoff.delay(d.attempts)
+        log.info("pgdq worker: %s failed (%r), retrying at %s", d.key, error, at.isoformat())
+        return await run.queue.nack(d.lock_token, at)
+
+    async def _heartbeat(self, run: _Running, lease: timedelta) -> None:
+        """Extend the lease every lease/3; on a stale token, mark it lost and
+        cancel an async handler."""
+        while True:
+            await asyncio.sleep(lease.total_seconds() / 3)
+            try:
+                until = await run.queue.extend(run.delivery.lock_token, lease)
+            except TRANSIENT as e:
+                log.warning("pgdq worker: heartbeat for %s failed (%s); trying again", run.delivery.key, e)
+                continue
+            if until is None:
+                log.warning("pgdq worker: lease of %s lost; its result will be ignored", run.delivery.key)
+                run.lost.set()
+                if run.task is not None:
+                    run.task.cancel()
+                return
+
+    async def _drain(self) -> None:
+        """Shutdown: wait up to grace for running handlers, then hand the rest
+        back (due now) so another consumer takes them without waiting for the lease."""
+        if not self._running:
+            return
+        log.info("pgdq worker: waiting up to %s for %d handlers", self.grace, len(self._running))
+        _, pending = await asyncio.wait(set(self._running), timeout=self.grace.total_seconds())
+        for task in pending:
+            run = self._running[task]
+            run.abandoned = True
+            if run.task is not None:
+                run.task.cancel()
+            handed_back = await self._safely(run.queue.nack(run.delivery.lock_token), False)
+            log.warning(
+                "pgdq worker: %s still running at shutdown; %s",
+                run.delivery.key,
+                "handed back" if handed_back else "left to its lease",
+            )
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    # --- resilience ----------------------------------------------------------
+
+    async def _safely(self, call: Awaitable[T], fallback: T) -> T:
+        """One database call of the fetch loop: a lost connection is logged and
+        answered with fallback after a short pause (the loop tries again)."""
+        try:
+            return await call
+        except TRANSIENT as e:
+            log.warning("pgdq worker: database unreachable (%s); retrying", e)
+            await asyncio.sleep(1.0)
+            return fallback
+
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Call until it gets through, backing off from 0.1 s to 5 s."""
+        delay = 0.1
+        while True:
+            try:
+                return await call()
+            except TRANSIENT as e:
+                log.warning("pgdq worker: %s failed (%s); retrying in %.1f s", what, e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+
+def route_missing(delivery: AsyncDelivery) -> None:
+    raise AssertionError("the worker's defaults have no handler")
+
+
+def _resolve(route: Handler | Route, worker: _Policy) -> _Policy:
+    """Settings for one queue: the Route's, else the handler's (@handler), else the worker's."""
+    if not isinstance(route, Route):
+        route = Route(route)
+    marks = getattr(route.handler, "__pgdq_route__", {})
+    return _Policy(
+        route.handler,
+        route.lease or marks.get("lease") or worker.lease,
+        route.max_attempts or marks.get("max_attempts") or worker.max_attempts,
+        route.backoff or marks.get("backoff") or worker.backoff,
+    )

@@ -1,0 +1,188 @@
+-- Dead letters and per-queue settings (additions to api-v1): give up on a
+-- message, list, redrive and purge what was given up on, and cap the
+-- deliveries a message may get.
+
+-- Set queue's max_attempts (NULL: no limit); polls enforce it from then on.
+CREATE FUNCTION dq_configure(queue text, max_attempts integer) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM dq__check_queue(dq_configure.queue);
+    IF max_attempts <= 0 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = format('pgdq: max_attempts must be positive or NULL, got %s', max_attempts);
+    END IF;
+    INSERT INTO dq_queues AS q (queue, max_attempts)
+    VALUES (dq_configure.queue, dq_configure.max_attempts)
+    ON CONFLICT (queue) DO UPDATE SET max_attempts = excluded.max_attempts;
+END
+$$;
+
+-- Move the (locked, current) messages ids to the dead letters with error;
+-- the number moved. The one place that buries messages.
+CREATE FUNCTION dq__bury(ids bigint[], error text, failed_at timestamptz) RETURNS integer
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+    WITH moved AS (
+        DELETE FROM dq_messages AS m
+        WHERE m.id = ANY(ids)
+        RETURNING m.queue, m.key, m.id, m.payload, m.state, m.scheduled_at, m.created_at, m.attempts
+    ),
+
+    buried AS (
+        INSERT INTO dq_dead_letters AS d (
+            queue, key, id, payload, state, scheduled_at, created_at, attempts, error, failed_at
+        )
+        SELECT mv.queue, mv.key, mv.id, mv.payload, mv.state, mv.scheduled_at, mv.created_at, mv.attempts,
+            dq__bury.error, dq__bury.failed_at
+        FROM moved AS mv
+        ORDER BY mv.queue, mv.key
+        ON CONFLICT ON CONSTRAINT dq_dead_letters_pkey DO UPDATE
+            SET id = excluded.id,
+                payload = excluded.payload,
+                state = excluded.state,
+                scheduled_at = excluded.scheduled_at,
+                created_at = excluded.created_at,
+                attempts = excluded.attempts,
+                error = excluded.error,
+                failed_at = excluded.failed_at
+        RETURNING 1
+    )
+
+    SELECT count(*)::integer FROM buried
+$$;
+
+-- Give up on a leased message: move it to the dead letters with error;
+-- false (nothing changed) for a stale token.
+CREATE FUNCTION dq_dead_letter(lock_token uuid, error text DEFAULT NULL) RETURNS boolean
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+    SELECT dq__bury(
+        ARRAY(
+            SELECT m.id FROM dq_messages AS m
+            WHERE m.id = dq__token_id(dq_dead_letter.lock_token)
+                AND m.lock_token = dq_dead_letter.lock_token
+            FOR UPDATE
+        ),
+        dq_dead_letter.error,
+        dq_now()
+    ) = 1
+$$;
+
+-- Checked arguments, then queue's dead letters, oldest failure first.
+CREATE FUNCTION dq__dead_list(p_queue text, p_max_count integer) RETURNS SETOF dq_dead_letters
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+BEGIN
+    PERFORM dq__check_queue(p_queue);
+    PERFORM dq__not_null(p_max_count, 'max_count');
+    RETURN QUERY
+    SELECT d.* FROM dq_dead_letters AS d
+    WHERE d.queue = p_queue
+    ORDER BY d.failed_at, d.key
+    LIMIT greatest(p_max_count, 0);
+END
+$$;
+
+-- Up to max_count of queue's dead letters, oldest failure first.
+CREATE FUNCTION dq_dead_list(queue text, max_count integer DEFAULT 100) RETURNS TABLE (
+    queue text,
+    key text,
+    payload jsonb,
+    state jsonb,
+    scheduled_at timestamptz,
+    created_at timestamptz,
+    attempts integer,
+    error text,
+    failed_at timestamptz
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+    SELECT d.queue::text, d.key::text, d.payload, d.state, d.scheduled_at, d.created_at, d.attempts, d.error, d.failed_at
+    FROM dq__dead_list($1, $2) AS d
+$$;
+
+-- Offer queue's dead letters again (only key's when given), due at
+-- scheduled_at (NULL: now), fresh: attempts 0, no state. A dead letter whose
+-- key has a live message again is left where it is. The number re-offered.
+CREATE FUNCTION dq_dead_redrive(
+    queue text,
+    key text DEFAULT NULL,
+    scheduled_at timestamptz DEFAULT NULL
+) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := dq_now();
+    v_queue text := dq_dead_redrive.queue;
+    v_key text := dq_dead_redrive.key;
+    v_at timestamptz := coalesce(dq_dead_redrive.scheduled_at, v_now);
+    v_count integer;
+BEGIN
+    PERFORM dq__check_queue(v_queue);
+    IF v_key IS NOT NULL THEN
+        PERFORM dq__check_name(v_key, 'key', 200);
+    END IF;
+    -- Key order, like every multi-row writer, so none of them deadlock.
+    WITH candidates AS (
+        SELECT d.key FROM dq_dead_letters AS d
+        WHERE d.queue = v_queue AND (v_key IS NULL OR d.key = v_key)
+        ORDER BY d.key
+        FOR UPDATE
+    ),
+
+    offered AS (
+        INSERT INTO dq_messages AS m (queue, key, payload, scheduled_at, due_at, created_at)
+        SELECT v_queue, d.key, d.payload, v_at, v_at, v_now
+        FROM dq_dead_letters AS d
+        INNER JOIN candidates AS c ON d.key = c.key
+        WHERE d.queue = v_queue
+        ORDER BY d.key
+        ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO NOTHING
+        RETURNING m.key
+    ),
+
+    removed AS (
+        DELETE FROM dq_dead_letters AS d
+        USING offered AS o
+        WHERE d.queue = v_queue AND d.key = o.key
+        RETURNING 1
+    )
+
+    SELECT count(*) INTO v_count FROM removed;
+    IF v_count > 0 THEN
+        PERFORM dq__wake(v_queue);
+    END IF;
+    RETURN v_count;
+END
+$$;
+
+-- Delete queue's dead letters (only key's when given); the count deleted.
+CREATE FUNCTION dq_dead_purge(queue text, key text DEFAULT NULL) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_deleted bigint;
+BEGIN
+    PERFORM dq__check_queue(dq_dead_purge.queue);
+    IF dq_dead_purge.key IS NOT NULL THEN
+        PERFORM dq__check_name(dq_dead_purge.key, 'key', 200);
+    END IF;
+    DELETE FROM dq_dead_letters AS d
+    WHERE d.queue = dq_dead_purge.queue
+        AND (dq_dead_purge.key IS NULL OR d.key = dq_dead_purge.key);
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    RETURN v_deleted;
+END
+$$;

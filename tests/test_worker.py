@@ -1,0 +1,320 @@
+"""The Worker and `pgdq worker` against a real server: handling, retries with
+backoff, dead letters (raised and crashed), heartbeats, lost leases, SIGTERM,
+and a server restart."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT
+from pgdq import AsyncDelivery, Queue
+from pgdq.worker import Backoff, Retry, Route, Worker, handler, lease_lost
+
+NOW = datetime(2020, 1, 1, tzinfo=UTC)  # offered in the past: due at once
+
+
+@contextmanager
+def running(worker: Worker) -> Iterator[Worker]:
+    """Run the worker in a thread of its own; stop it cleanly at the end."""
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(asyncio.run(worker.run_async())))
+    thread.start()
+    try:
+        wait_for(lambda: worker._loop is not None, "the worker to start")
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert not thread.is_alive() and codes == [0], "the worker stops cleanly with 0"
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    """Poll condition until it is truthy; fail naming what after timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_sync_and_async_handlers(database: str, queue_name: str) -> None:
+    seen: list[tuple[str, Any]] = []
+
+    def sync_handler(d: AsyncDelivery) -> None:
+        seen.append(("sync", d.payload))
+
+    async def async_handler(d: AsyncDelivery) -> None:
+        await asyncio.sleep(0.01)
+        seen.append(("async", d.payload))
+
+    other = queue_name + "_async"
+    with Queue(queue_name, database) as q, Queue(other, database) as q2:
+        q.offer_many([(f"k{i}", {"n": i}) for i in range(20)])
+        with running(Worker({queue_name: sync_handler, other: async_handler}, dsn=database, concurrency=4)):
+            q2.offer_many([(f"k{i}", {"n": i}) for i in range(20)])  # offered while it runs: a wake-up
+            wait_for(lambda: len(seen) >= 40, "40 deliveries")
+            wait_for(lambda: q.stats().ready + q.stats().leased + q2.stats().leased == 0, "the acks")
+        assert sorted(seen, key=str) == sorted(
+            [("sync", {"n": i}) for i in range(20)] + [("async", {"n": i}) for i in range(20)], key=str
+        )
+        q2.purge()
+
+
+def test_delayed_message_is_handled_on_time(database: str, queue_name: str) -> None:
+    late: list[float] = []
+
+    def handler(d: AsyncDelivery) -> None:
+        late.append((datetime.now(UTC) - d.scheduled_at).total_seconds())
+
+    with Queue(queue_name, database) as q, running(Worker(queue_name, handler, dsn=database)):
+        time.sleep(0.3)  # idle first: the worker sleeps until something is due
+        q.offer("soon", 1, datetime.now(UTC) + timedelta(seconds=1))
+        wait_for(lambda: late, "the delayed message")
+    assert 0 <= late[0] < 0.5, "woken at its due time, not by a fixed poll interval"
+
+
+def test_failures_back_off_then_dead_letter(database: str, queue_name: str) -> None:
+    tries: list[tuple[int, float]] = []
+
+    def failing(d: AsyncDelivery) -> None:
+        tries.append((d.attempts, time.monotonic()))
+        raise ValueError(f"nope {d.attempts}")
+
+    backoff = Backoff(base=timedelta(seconds=0.3), factor=2, jitter=0)
+    worker = Worker(queue_name, failing, dsn=database, max_attempts=3, backoff=backoff)
+    with Queue(queue_name, database) as q, running(worker):
+        q.offer("f", {"x": 1})
+        dead = wait_for(q.dead_letters, "the dead letter")
+    assert [a for a, _ in tries] == [1, 2, 3]
+    gaps = [later - earlier for (_, earlier), (_, later) in zip(tries, tries[1:], strict=False)]
+    assert 0.3 <= gaps[0] < 0.9 and 0.6 <= gaps[1] < 1.5, f"exponential backoff, got {gaps}"
+    assert dead[0].key == "f" and dead[0].attempts == 3 and dead[0].payload == {"x": 1}
+    assert dead[0].error is not None and "ValueError: nope 3" in dead[0].error
+    with Queue(queue_name, database) as q:
+        assert q.stats().ready + q.stats().delayed == 0, "no longer in the queue"
+        assert q.redrive() == 1 and q.get("f") is not None and q.dead_letters() == []
+
+
+def test_route_and_handler_overrides(database: str, queue_name: str) -> None:
+    tries: dict[str, list[int]] = {"route": [], "marked": []}
+
+    def by_route(d: AsyncDelivery) -> None:
+        tries["route"].append(d.attempts)
+        raise RuntimeError("route")
+
+    @handler(max_attempts=2, backoff=Backoff(base=timedelta(seconds=0.05), jitter=0))
+    def marked(d: AsyncDelivery) -> None:
+        tries["marked"].append(d.attempts)
+        raise RuntimeError("marked")
+
+    other = queue_name + "_marked"
+    routes = {queue_name: Route(by_route, max_attempts=1), other: marked}
+    with (
+        Queue(queue_name, database) as q,
+        Queue(other, database) as q2,
+        running(Worker(routes, dsn=database, max_attempts=5, backoff=Backoff(base=timedelta(seconds=0.05)))),
+    ):
+        q.offer("r", 1)
+        q2.offer("m", 1)
+        wait_for(lambda: q.dead_letters() and q2.dead_letters(), "both dead letters")
+        q2.purge_dead_letters()
+    assert tries == {"route": [1], "marked": [1, 2]}, "Route beats @handler beats the worker's default"
+
+
+def test_retry_chooses_time_and_checkpoint(database: str, queue_name: str) -> None:
+    states: list[Any] = []
+
+    async def stepper(d: AsyncDelivery) -> None:
+        states.append(d.state)
+        if d.state is None:
+            raise Retry(at=timedelta(seconds=0.2), state={"step": 1})
+
+    with Queue(queue_name, database) as q, running(Worker(queue_name, stepper, dsn=database)):
+        q.offer("s", 1)
+        wait_for(lambda: len(states) == 2 and q.get("s") is None, "the second delivery and its ack")
+    assert states == [None, {"step": 1}]
+
+
+def test_handler_longer_than_its_lease_keeps_it(database: str, queue_name: str) -> None:
+    calls: list[int] = []
+
+    def slow(d: AsyncDelivery) -> None:
+        calls.append(d.attempts)
+        time.sleep(2.0)  # more than 3 leases
+
+    with (
+        Queue(queue_name, database) as q,
+        running(Worker(queue_name, slow, dsn=database, lease=timedelta(seconds=0.6))),
+    ):
+        q.offer("slow", 1)
+        wait_for(lambda: calls, "the handler to start")
+        deadline = time.monotonic() + 1.8
+        while time.monotonic() < deadline:
+            assert q.poll(timedelta(seconds=0.6)) is None, "the heartbeat keeps the lease"
+            time.sleep(0.1)
+        wait_for(lambda: q.get("slow") is None, "the ack")
+    assert calls == [1]
+
+
+def test_lost_lease_is_detected_and_not_acked(database: str, queue_name: str) -> None:
+    events: list[str] = []
+
+    async def cancelled_when_lost(d: AsyncDelivery) -> None:
+        if d.payload == "v2":
+            events.append("v2 handled")
+            return
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            events.append(f"cancelled, lease_lost={lease_lost()}")
+            raise
+
+    with (
+        Queue(queue_name, database) as q,
+        running(Worker(queue_name, cancelled_when_lost, dsn=database, lease=timedelta(seconds=0.6))),
+    ):
+        q.offer("k", "v1")
+        wait_for(lambda: q.stats().leased == 1, "the delivery")
+        q.offer("k", "v2")  # an update: the running delivery's token is stale now
+        wait_for(lambda: len(events) == 2, "the heartbeat to notice, and the new version")
+        wait_for(lambda: q.get("k") is None, "the new version's ack")
+    # the new version may run before the old one's heartbeat notices
+    assert sorted(events) == ["cancelled, lease_lost=True", "v2 handled"]
+
+
+def test_sync_handler_sees_the_flag(database: str, queue_name: str) -> None:
+    saw: list[bool] = []
+
+    def polite(d: AsyncDelivery) -> None:
+        deadline = time.monotonic() + 10
+        while not lease_lost() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        saw.append(lease_lost())
+
+    with (
+        Queue(queue_name, database) as q,
+        running(Worker(queue_name, polite, dsn=database, lease=timedelta(seconds=0.6))),
+    ):
+        q.offer("k", 1)
+        wait_for(lambda: q.stats().leased == 1, "the delivery")
+        q.cancel("k")
+        wait_for(lambda: saw, "the handler to notice")
+    assert saw == [True]
+
+
+# --- the command, in processes of its own -----------------------------------
+
+
+def worker_process(tmp_path: Path, database: str, queue: str, body: str, *args: str) -> subprocess.Popen[bytes]:
+    """`pgdq worker` running handler(d) defined by body in tmp_path/handlers.py."""
+    (tmp_path / "handlers.py").write_text(textwrap.dedent(body))
+    command = [sys.executable, "-m", "pgdq", "worker", "--dsn", database, "--queue", queue]
+    command += ["--handler", "handlers:handler", *args]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    return subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE)
+
+
+SLOW = """
+    import pathlib, time
+    def handler(d):
+        pathlib.Path("started").touch()
+        time.sleep(float(d.payload))
+        pathlib.Path("finished").touch()
+"""
+
+
+def terminated_while_busy(tmp_path: Path, database: str, q: Queue, seconds: float, *args: str) -> int:
+    """Offer a message the SLOW handler works on for seconds, SIGTERM `pgdq
+    worker *args` once the handler started; its exit code."""
+    q.offer("w", seconds)
+    proc = worker_process(tmp_path, database, q.name, SLOW, *args)
+    wait_for(lambda: (tmp_path / "started").exists(), "the handler to start")
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(20)
+
+
+def test_sigterm_lets_running_work_finish(tmp_path: Path, database: str, queue_name: str) -> None:
+    with Queue(queue_name, database) as q:
+        assert terminated_while_busy(tmp_path, database, q, 1.5, "--grace", "10") == 0
+        assert (tmp_path / "finished").exists() and q.get("w") is None, "finished and acked"
+
+
+def test_sigterm_hands_back_what_outlives_the_grace(tmp_path: Path, database: str, queue_name: str) -> None:
+    with Queue(queue_name, database) as q:
+        assert terminated_while_busy(tmp_path, database, q, 60, "--grace", "0.3", "--lease", "30") == 0
+        info = q.get("w")
+        assert info is not None and not info.leased and info.attempts == 1, "handed back, due at once"
+        assert info.due_at <= datetime.now(UTC)
+
+
+def test_a_second_signal_exits_at_once(tmp_path: Path, database: str, queue_name: str) -> None:
+    with Queue(queue_name, database) as q:
+        q.offer("w", 60)
+        proc = worker_process(tmp_path, database, queue_name, SLOW, "--grace", "60")
+        wait_for(lambda: (tmp_path / "started").exists(), "the handler to start")
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 128 + signal.SIGTERM and time.monotonic() - started < 5
+        info = q.get("w")
+        assert info is not None and info.leased, "nothing was settled: the lease will bring it back"
+
+
+def test_crashing_consumers_end_in_the_dead_letters(tmp_path: Path, database: str, queue_name: str) -> None:
+    crash = """
+        import os, pathlib
+        def handler(d):
+            pathlib.Path(f"run{d.attempts}").touch()
+            os._exit(9)  # the process dies mid-message, every time
+    """
+    with Queue(queue_name, database) as q:
+        q.offer("poison", 1)
+        for attempt in (1, 2):
+            proc = worker_process(tmp_path, database, queue_name, crash, "--lease", "0.5", "--max-attempts", "2")
+            assert proc.wait(20) == 9, f"crash {attempt}"
+            assert (tmp_path / f"run{attempt}").exists()
+            time.sleep(0.6)  # the lease runs out
+        proc = worker_process(tmp_path, database, queue_name, crash, "--lease", "0.5", "--max-attempts", "2")
+        dead = wait_for(q.dead_letters, "the poll to dead-letter it")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0, "the third worker never ran the poison message"
+    assert dead[0].key == "poison" and dead[0].attempts == 2 and "max_attempts" in (dead[0].error or "")
+
+
+def own_cluster() -> bool:
+    return os.environ.get("PGHOST", "").startswith(str(ROOT / ".pgdq" / "test"))
+
+
+@pytest.mark.skipif(not own_cluster(), reason="restarts the server: only on the repo's throwaway test cluster")
+def test_worker_survives_a_server_restart(database: str) -> None:
+    queue_name = "worker_restart"  # not the fixture: its connection would not survive the restart
+    handled: set[str] = set()
+
+    def handler(d: AsyncDelivery) -> None:
+        handled.add(d.key)
+
+    with running(Worker(queue_name, handler, dsn=database)):
+        with Queue(queue_name, database) as q:
+            q.offer_many([(f"a{i}", i) for i in range(10)])
+            wait_for(lambda: len(handled) == 10, "the first batch")
+        subprocess.run([str(ROOT / "scripts/pgcluster.sh"), "crash-restart", "test"], check=True)
+        with Queue(queue_name, database) as q:
+            q.offer_many([(f"b{i}", i) for i in range(10)])
+            wait_for(lambda: len(handled) == 20, "the batch after the restart", timeout=40)
+            wait_for(lambda: q.stats().leased + q.stats().ready == 0, "the acks")
+            q.purge()
