@@ -8,11 +8,15 @@ system's schema in its fresh database.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import subprocess
+import time
 import uuid
-from datetime import timedelta
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,24 @@ from pgdq import AsyncQueue, install
 
 QUEUE = "bench"
 LEASE = timedelta(seconds=60)
+LATENESS_LEAD = timedelta(seconds=2)  # W4: the first message is due this long after the offers start
+LATENESS_SPREAD = timedelta(seconds=10)  # W4: messages at distinct times over this span
+
+
+def lateness_times(total: int) -> list[timedelta]:
+    """W4: when each of `total` messages is due, relative to now."""
+    return [LATENESS_LEAD + i * LATENESS_SPREAD / total for i in range(total)]
+
+
+async def collect_lateness(total: int, late: list[float], offer: Callable[[], Awaitable[None]]) -> list[float]:
+    """W4 driver for an in-process worker already idling: offer, then wait until
+    every message was handled (or 30 s past the last due time)."""
+    await asyncio.sleep(0.5)  # consumers idle first
+    await offer()
+    deadline = time.monotonic() + (LATENESS_LEAD + LATENESS_SPREAD).total_seconds() + 30
+    while len(late) < total and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    return late
 
 
 class System:
@@ -63,7 +85,9 @@ class RawSql(System):
     two round trips per drained batch. The practical ceiling of the machine."""
 
     name = "raw SQL"
-    settings = "INSERT … SELECT unnest; UPDATE … WHERE id IN (… SKIP LOCKED); DELETE by id"
+    settings = (
+        "INSERT … SELECT unnest(keys, payloads from one JSON array); UPDATE … WHERE id IN (… SKIP LOCKED); DELETE by id"
+    )
 
     def setup(self, conninfo: str) -> None:
         with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -78,9 +102,11 @@ class RawSql(System):
 
     async def enqueue_batch(self, h: Any, keys: list[str], payloads: list[Any]) -> None:
         await h.execute(
-            "INSERT INTO raw_jobs (queue, key, payload) SELECT %s, k, p::jsonb"
-            " FROM unnest(%s::text[], %s::text[]) AS u (k, p) ON CONFLICT DO NOTHING",
-            (QUEUE, keys, [json.dumps(p) for p in payloads]),
+            # payloads as one JSON array document, as pgdq's client sends them
+            "INSERT INTO raw_jobs (queue, key, payload) SELECT %s, k, p"
+            " FROM unnest(%s::text[], ARRAY(SELECT jsonb_array_elements(%s::jsonb))) AS u (k, p)"
+            " ON CONFLICT DO NOTHING",
+            (QUEUE, keys, json.dumps(payloads)),
         )
 
     async def offer_one(self, h: Any, key: str, payload: Any) -> None:
@@ -138,6 +164,10 @@ class Pgdq(System):
         d = await h.poll()
         return None if d is None else d.lock_token
 
+    async def ack_poll_batch(self, h: Any, tokens: list[Any], n: int) -> list[Any]:
+        """Ack the previous batch and poll the next in one round trip (dq_ack_poll)."""
+        return [d.lock_token for d in await h.poll_many(n, ack=tokens)]
+
     async def ack_one(self, h: Any, token: Any) -> None:
         await h.ack(token)
 
@@ -150,7 +180,6 @@ class PgQueuer(System):
     settings = "Queries.enqueue(lists); dequeue(batch_size=n) + log_jobs('successful')"
 
     def setup(self, conninfo: str) -> None:
-        import asyncio
 
         from pgqueuer.queries import Queries
 
@@ -185,6 +214,36 @@ class PgQueuer(System):
         if tokens:
             await h[1].log_jobs([(job, "successful", None) for job in tokens])
 
+    def lateness(self, conninfo: str, total: int) -> list[float]:
+        """W4 with pgqueuer's QueueManager (LISTEN, then sleeps until the next
+        deferred job's execute_after), batch_size 10."""
+        from pgqueuer import PsycopgDriver, QueueManager
+        from pgqueuer.queries import Queries
+
+        async def go() -> list[float]:
+            late: list[float] = []
+            async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+                qm = QueueManager(Queries(PsycopgDriver(conn)))
+
+                @qm.entrypoint(QUEUE)
+                async def noop(job: Any) -> None:
+                    late.append((datetime.now(UTC) - job.execute_after).total_seconds() * 1000)
+
+                async def offer() -> None:
+                    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as producer:
+                        after = lateness_times(total)
+                        await Queries.from_psycopg_connection(producer).enqueue(
+                            [QUEUE] * total, [b"{}"] * total, [0] * total, after
+                        )
+
+                runner = asyncio.create_task(qm.run(batch_size=10))
+                await collect_lateness(total, late, offer)
+                qm.shutdown.set()
+                await runner
+            return late
+
+        return asyncio.run(go())
+
 
 class Procrastinate(System):
     """Procrastinate (PyPI): batch_defer_async, defer_async, and the job
@@ -206,8 +265,6 @@ class Procrastinate(System):
         return app, noop
 
     def setup(self, conninfo: str) -> None:
-        import asyncio
-
         async def go() -> None:
             app, _ = self._app(conninfo)
             async with app.open_async():
@@ -239,6 +296,36 @@ class Procrastinate(System):
 
         for job in tokens:
             await h[0].job_manager.finish_job(job, status=Status.SUCCEEDED, delete_job=True)
+
+    def lateness(self, conninfo: str, total: int) -> list[float]:
+        """W4 with procrastinate's worker: defaults (listen_notify on,
+        fetch_job_polling_interval 5 s), concurrency 10."""
+        import procrastinate
+
+        async def go() -> list[float]:
+            late: list[float] = []
+            app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=conninfo))
+
+            @app.task(name="noop", queue=QUEUE, pass_context=True)
+            async def noop(context: Any, **_: Any) -> None:
+                late.append((datetime.now(UTC) - context.job.scheduled_at).total_seconds() * 1000)
+
+            async def offer() -> None:
+                now = datetime.now(UTC)
+                for i, after in enumerate(lateness_times(total)):
+                    await noop.configure(schedule_at=now + after).defer_async(i=i)
+
+            async with app.open_async():
+                worker = asyncio.create_task(
+                    app.run_worker_async(queues=[QUEUE], concurrency=10, install_signal_handlers=False)
+                )
+                await collect_lateness(total, late, offer)
+                worker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await worker
+            return late
+
+        return asyncio.run(go())
 
 
 SYSTEMS: dict[str, System] = {s.name: s for s in (RawSql(), Pgdq(), PgQueuer(), Procrastinate())}
