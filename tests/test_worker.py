@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from conftest import ROOT
 from pgdq import AsyncDelivery, Queue
@@ -273,6 +274,14 @@ def test_a_second_signal_exits_at_once(tmp_path: Path, database: str, queue_name
         assert proc.wait(10) == 128 + signal.SIGTERM and time.monotonic() - started < 5
         info = q.get("w")
         assert info is not None and info.leased, "nothing was settled: the lease will bring it back"
+
+
+def test_the_command_explains_what_it_cannot_do(tmp_path: Path, database: str, queue_name: str) -> None:
+    missing = worker_process(tmp_path, database, queue_name, "def other(d): pass\n")
+    assert missing.wait(20) == 2 and b"cannot load handlers:handler" in missing.communicate()[1]
+    elsewhere = psycopg.conninfo.make_conninfo(database, dbname="postgres")  # no pgdq there
+    proc = worker_process(tmp_path, elsewhere, queue_name, "def handler(d): pass\n")
+    assert proc.wait(20) == 1 and b"the worker stopped" in proc.communicate()[1]
 
 
 def test_crashing_consumers_end_in_the_dead_letters(tmp_path: Path, database: str, queue_name: str) -> None:

@@ -143,7 +143,10 @@ def worker(
         max_attempts=max_attempts,
         grace=timedelta(seconds=grace),
     )
-    code = runner.run()
+    try:
+        code = runner.run()
+    except (PgdqError, psycopg.Error) as e:  # not a lost connection: those are retried
+        raise click.ClickException(f"the worker stopped: {e}") from e
     if any(t.name.startswith("pgdq-handler") and t.is_alive() for t in threading.enumerate()):
         # a sync handler still running past the grace period was handed back;
         # do not wait for its thread
