@@ -8,6 +8,7 @@ handlers (pgdq.worker).
 from ._async_queue import AsyncDelivery, AsyncQueue
 from ._sync_queue import Delivery, Queue
 from .codec import Codec, JsonCodec
+from .cron import AsyncCronService, CronService
 from .errors import AlreadyInstalled, InvalidArgument, NullArgument, PgdqError, StaleToken
 from .install import install, uninstall
 from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, QueueStats
@@ -18,9 +19,11 @@ __version__ = "1.0.0"
 __all__ = [
     "AlreadyInstalled",
     "AsyncDelivery",
+    "AsyncCronService",
     "AsyncQueue",
     "Backoff",
     "Codec",
+    "CronService",
     "DeadLetter",
     "Delivery",
     "InvalidArgument",
