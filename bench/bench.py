@@ -268,6 +268,23 @@ def w5_depth(system: System) -> dict[str, float]:
                     out[f"W5 {fn} {label} {due_label} p50 ms"] = med
                     out[f"W5 {fn} {label} {due_label} p99 ms"] = p99
                 conn.execute("DELETE FROM dq_messages WHERE key LIKE 'd%'")
+        out.update(_schedule_cost(conn, f"{loaded // 1000}k"))
+    return out
+
+
+def _schedule_cost(conn: psycopg.Connection[Any], depth: str) -> dict[str, float]:
+    """W5: what schedules kept by the database add to a poll: 100 schedules
+    not due; then one occurrence due (the poll turns it into a message)."""
+    out = {}
+    poll = f"SELECT * FROM dq_poll('{QUEUE}')"
+    conn.execute("SELECT dq_schedule_set(%s, 'yearly' || g, '0 0 1 1 *') FROM generate_series(1, 100) AS g", (QUEUE,))
+    label = f"W5 dq_poll {depth} none due, 100 schedules"
+    out[f"{label} p50 ms"], out[f"{label} p99 ms"] = server_ms(conn, poll, n(1000))
+    conn.execute("SELECT dq_schedule_set(%s, 'every-second', '* * * * * *')", (QUEUE,))
+    time.sleep(1.1)  # due now; each measured poll is rolled back, so it stays due
+    out["W5 dq_poll, a schedule occurrence due p50 ms"], out["W5 dq_poll, a schedule occurrence due p99 ms"] = (
+        server_ms(conn, poll, n(1000))
+    )
     return out
 
 

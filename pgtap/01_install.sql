@@ -1,7 +1,7 @@
 -- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
 -- defaults, security settings, the dq_delivery type, dq_now and dq_version.
 BEGIN;
-SELECT plan(55);
+SELECT plan(63);
 
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
@@ -92,7 +92,20 @@ INSERT INTO expected VALUES
     'queue text, key text DEFAULT NULL::text, scheduled_at timestamp with time zone DEFAULT NULL::timestamp with time zone',
     'integer'
 ),
-('dq_dead_purge', 'queue text, key text DEFAULT NULL::text', 'bigint');
+('dq_dead_purge', 'queue text, key text DEFAULT NULL::text', 'bigint'),
+-- and schedules kept by the database
+('dq_cron_next', 'expression text, after timestamp with time zone, timezone text', 'timestamp with time zone'),
+(
+    'dq_schedule_set',
+    'queue text, name text, expression text, timezone text DEFAULT ''UTC''::text, payload jsonb DEFAULT ''{}''::jsonb, max_missed integer DEFAULT 1',  -- noqa: LT05
+    'timestamp with time zone'
+),
+('dq_schedule_remove', 'queue text, name text', 'boolean'),
+(
+    'dq_schedules',
+    'queue text DEFAULT NULL::text',
+    'TABLE(queue text, name text, expression text, timezone text, payload jsonb, max_missed integer, next_at timestamp with time zone)'  -- noqa: LT05
+);
 
 SELECT is(
     (

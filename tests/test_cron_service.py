@@ -11,9 +11,10 @@ import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from datetime import time as clock
+from typing import Any
 from zoneinfo import ZoneInfo
 
-from pgdq import AsyncQueue, Queue
+from pgdq import AsyncQueue, Queue, Worker
 from pgdq.cron import AsyncCronService, CronService, cron_plan, daily_plan, periodic_plan
 
 
@@ -147,3 +148,33 @@ def test_async_cron_service(database: str, queue_name: str) -> None:
             return stats.ready + stats.delayed
 
     assert asyncio.run(go()) >= 3, "the task kept installing ahead"
+
+
+def test_database_schedule_fires_with_no_scheduler_running(database: str, queue_name: str) -> None:
+    with Queue(queue_name, database) as q:
+        next_at = q.schedule("db-tick", "* * * * * *", "Australia/Lord_Howe", {"db": 1})
+        assert next_at > datetime.now(UTC) - timedelta(seconds=1)
+        assert [s.name for s in q.schedules()] == ["db-tick"]
+        seen = consume(database, queue_name, 3.5)  # 5 competing consumers, nothing else
+        assert q.unschedule("db-tick") and q.schedules() == []
+    assert seen and max(seen.values()) == 1, "each occurrence once"
+    times = sorted(occurrence(k) for k in seen)
+    assert len(times) >= 2 and all(b - a == timedelta(seconds=1) for a, b in zip(times, times[1:], strict=False))
+
+
+def test_an_idle_worker_wakes_for_the_next_occurrence(database: str, queue_name: str) -> None:
+    late: list[float] = []
+
+    def handler(d: Any) -> None:
+        late.append((datetime.now(UTC) - d.scheduled_at).total_seconds())
+
+    with Queue(queue_name, database) as q:
+        q.schedule("every2", "*/2 * * * * *")
+        worker = Worker(queue_name, handler, dsn=database, idle_cap=timedelta(seconds=30))
+        thread = threading.Thread(target=lambda: asyncio.run(worker.run_async()))
+        thread.start()
+        time.sleep(4.3)
+        worker.stop()
+        thread.join(30)
+        q.unschedule("every2")
+    assert len(late) >= 2 and max(late) < 0.5, f"woken by dq_next_due, not the 30 s cap: {late}"

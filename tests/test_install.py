@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,15 @@ def test_documented_grants(database: str, queue_name: str) -> None:
         q = Queue(queue_name, admin)
         assert q.offer("k", 1).value == "created"
         q.offer_many([("k2", 2)])
+        q.schedule("grants", "* * * * * *", payload={"n": 0})
+        time.sleep(1.1)  # an occurrence is due: the consumer's poll turns it into a message
+        admin.execute("SET ROLE pgdq_consumer")
+        got = q.poll_many(10)
+        assert any(d.key.startswith("grants/") for d in got), "materialised by the consumer"
+        q.ack_many([d.lock_token for d in got])
+        admin.execute("SET ROLE pgdq_producer")
+        assert q.unschedule("grants")
+        q.offer_many([("k", 1), ("k2", 2)])
         admin.execute("SET ROLE pgdq_consumer")
         q.configure(max_attempts=1)
         d, d2 = q.poll_many(2)

@@ -11,7 +11,7 @@ from .codec import Codec, JsonCodec
 from .cron import AsyncCronService, CronService
 from .errors import AlreadyInstalled, InvalidArgument, NullArgument, PgdqError, StaleToken
 from .install import install, uninstall
-from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, QueueStats
+from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, QueueStats, Schedule
 from .worker import Backoff, Retry, Route, Worker, handler, lease_lost
 
 __version__ = "1.0.0"
@@ -38,6 +38,7 @@ __all__ = [
     "QueueStats",
     "Retry",
     "Route",
+    "Schedule",
     "StaleToken",
     "Worker",
     "handler",

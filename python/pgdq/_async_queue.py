@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from . import _statements as st
 from .codec import Codec, JsonCodec, dumps_array
 from .errors import StaleToken, translate
-from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, QueueStats
+from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, QueueStats, Schedule
 
 _OUTCOMES = {o.value: o for o in OfferOutcome}
 
@@ -308,6 +308,32 @@ class AsyncQueue:
         return int(await self._value("dead_purge", (self.name, key), conn))
 
     # recurring
+
+    async def schedule(
+        self,
+        name: str,
+        expression: str,
+        timezone: str = "UTC",
+        payload: Any = None,
+        *,
+        max_missed: int = 1,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> datetime:
+        """Create or replace a schedule kept by the database: this queue's polls
+        turn its occurrences into messages, no scheduler process needed. Its
+        next occurrence (dq_schedule_set)."""
+        params = (self.name, name, expression, timezone, self.codec.dumps(payload), max_missed)
+        next_at: datetime = await self._value("schedule_set", params, conn)
+        return next_at
+
+    async def unschedule(self, name: str, *, conn: AsyncConnection[Any] | None = None) -> bool:
+        """Remove a schedule and its pending occurrences; True if it existed."""
+        return bool(await self._value("schedule_remove", (self.name, name), conn))
+
+    async def schedules(self, *, conn: AsyncConnection[Any] | None = None) -> list[Schedule]:
+        """This queue's schedules with their next occurrence (dq_schedules)."""
+        rows = await self._rows("schedules", (self.name,), conn)
+        return [Schedule(q, n, e, z, self.codec.load(p), m, at) for q, n, e, z, p, m, at in rows]
 
     async def cron_install(
         self,

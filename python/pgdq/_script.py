@@ -54,7 +54,7 @@ def uninstall_script(schema: str = "public") -> str:
         "      AND p.proname LIKE 'dq\\_%'\n"
         "  LOOP EXECUTE 'DROP FUNCTION ' || f; END LOOP;\n"
         "END $$;\n"
-        f"DROP TABLE IF EXISTS {ident}.dq_messages, {ident}.dq_dead_letters, {ident}.dq_queues;\n"
+        f"DROP TABLE IF EXISTS {ident}.dq_messages, {ident}.dq_dead_letters, {ident}.dq_queues, {ident}.dq_schedules;\n"
         f"DROP TYPE IF EXISTS {ident}.dq_delivery;\n"
     )
 

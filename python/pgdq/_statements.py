@@ -46,6 +46,9 @@ _TEMPLATES: dict[str, str] = {
     "dead_list": "SELECT * FROM {fn}(%s, %s)",
     "dead_redrive": "SELECT {fn}(%s, %s, %s)",
     "dead_purge": "SELECT {fn}(%s, %s)",
+    "schedule_set": "SELECT {fn}(%s, %s, %s, %s, %s::jsonb, %s)",
+    "schedule_remove": "SELECT {fn}(%s, %s)",
+    "schedules": "SELECT * FROM {fn}(%s)",
 }
 
 

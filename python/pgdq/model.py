@@ -71,3 +71,16 @@ class DeadLetter:
     attempts: int
     error: str | None
     failed_at: datetime
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A schedule kept by the database (one row of dq_schedules)."""
+
+    queue: str
+    name: str
+    expression: str
+    timezone: str
+    payload: Any
+    max_missed: int
+    next_at: datetime

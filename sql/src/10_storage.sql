@@ -120,3 +120,25 @@ CREATE INDEX dq_dead_letters_failed ON dq_dead_letters (queue, failed_at, key);
 
 COMMENT ON TABLE dq_dead_letters IS
 'pgdq dead letters. Use the dq_dead_* functions; the layout is internal and may change.';
+
+-- Recurring schedules kept by the database (dq_schedule_set): the polls of a
+-- queue turn its due occurrences into ordinary messages, so no scheduler
+-- process has to run. next_at is the next occurrence not yet turned into a
+-- message.
+CREATE TABLE dq_schedules (
+    queue text COLLATE "C" NOT NULL,
+    name text COLLATE "C" NOT NULL,  -- the key prefix of its occurrences
+    expression text NOT NULL,
+    timezone text NOT NULL,
+    payload jsonb NOT NULL,
+    config_hash text NOT NULL,       -- of expression, timezone and payload
+    max_missed integer NOT NULL,     -- occurrences delivered when several are due at once
+    next_at timestamptz NOT NULL,
+    CONSTRAINT dq_schedules_pkey PRIMARY KEY (queue, name)
+);
+
+-- Polls look for their queue's due schedules: one probe of this index.
+CREATE INDEX dq_schedules_next ON dq_schedules (queue, next_at);
+
+COMMENT ON TABLE dq_schedules IS
+'pgdq schedules. Use the dq_schedule* functions; the layout is internal and may change.';

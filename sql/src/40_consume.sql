@@ -29,6 +29,10 @@ BEGIN
         RETURN;
     END IF;
 
+    -- the queue's due schedule occurrences become messages first (64_schedules.sql)
+    IF EXISTS (SELECT FROM dq_schedules AS s WHERE s.queue = v_queue AND s.next_at <= v_now) THEN
+        PERFORM dq__materialise(v_queue, v_now);
+    END IF;
     v_max_attempts := (SELECT q.max_attempts FROM dq_queues AS q WHERE q.queue = v_queue);
 
     -- Pick and lock in one index range scan of (queue, due_at, id); rows a

@@ -152,12 +152,21 @@ AS $$
 #variable_conflict use_column
 BEGIN
     PERFORM dq__check_queue(dq_next_due.queue);
-    -- the first entry of the queue's range in (queue, due_at, id)
-    RETURN (
-        SELECT m.due_at FROM dq_messages AS m
-        WHERE m.queue = dq_next_due.queue
-        ORDER BY m.due_at
-        LIMIT 1
+    -- the first entry of the queue's range in (queue, due_at, id), or the
+    -- next occurrence of one of its schedules if that comes first
+    RETURN least(
+        (
+            SELECT m.due_at FROM dq_messages AS m
+            WHERE m.queue = dq_next_due.queue
+            ORDER BY m.due_at
+            LIMIT 1
+        ),
+        (
+            SELECT s.next_at FROM dq_schedules AS s
+            WHERE s.queue = dq_next_due.queue AND s.next_at < 'infinity'
+            ORDER BY s.next_at
+            LIMIT 1
+        )
     );
 END
 $$;

@@ -1,0 +1,128 @@
+"""dq_cron_next against croniter: random expressions (lists, ranges, steps,
+names, an optional leading seconds field) at random instants, many of them
+around the DST changes of New York, Bucharest and Lord Howe (a 30-minute
+shift), and its errors."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import psycopg
+import pytest
+from croniter import CroniterBadDateError, croniter
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+ZONES = ["America/New_York", "Europe/Bucharest", "Australia/Lord_Howe", "UTC"]
+# local days on which the zones change their clocks (2025-2027)
+SHIFTS = [
+    datetime(2025, 3, 9), datetime(2025, 11, 2), datetime(2026, 3, 8), datetime(2026, 11, 1),  # New York
+    datetime(2025, 3, 30), datetime(2025, 10, 26), datetime(2026, 3, 29), datetime(2026, 10, 25),  # Bucharest
+    datetime(2025, 4, 6), datetime(2025, 10, 5), datetime(2026, 4, 5), datetime(2026, 10, 4),  # Lord Howe
+]  # fmt: skip
+MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
+DAYS = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]
+
+
+def field(lo: int, hi: int, names: list[str] | None = None) -> st.SearchStrategy[str]:
+    """One cron field: *, */n, a, a-b, a/n, a-b/n, or a list of the last four."""
+
+    def value(v: int) -> st.SearchStrategy[str]:
+        if names is None:
+            return st.just(str(v))
+        return st.sampled_from([str(v), names[v - lo].upper(), names[v - lo]])
+
+    @st.composite
+    def part(draw: Any) -> str:
+        a = draw(st.integers(lo, hi - 1))
+        # b > a: croniter 7 reads a one-value range such as "1-1" in the day
+        # field as every day (a croniter bug); pgdq reads it as day 1
+        b = draw(st.integers(a + 1, hi))
+        step = draw(st.integers(1, max(1, (hi - lo) // 2 + 1)))
+        kind = draw(st.sampled_from(["one", "range", "from-step", "range-step"]))
+        if kind == "one":
+            return str(draw(value(a)))
+        if kind == "from-step":
+            return f"{a}/{step}"
+        text = f"{draw(value(a))}-{draw(value(b))}"
+        return text if kind == "range" else f"{text}/{step}"
+
+    star = st.sampled_from(["*"]) | st.integers(1, max(1, (hi - lo) // 2)).map(lambda n: f"*/{n}")
+    return star | st.lists(part(), min_size=1, max_size=3).map(",".join)
+
+
+@st.composite
+def expressions(draw: Any) -> str:
+    fields = [
+        draw(field(0, 59)),
+        draw(field(0, 23)),
+        draw(field(1, 31)),
+        draw(field(1, 12, MONTHS)),
+        draw(field(0, 6, DAYS)),
+    ]
+    if draw(st.booleans()):
+        fields.insert(0, draw(field(0, 59)))
+    return " ".join(fields)
+
+
+@st.composite
+def instants(draw: Any) -> datetime:
+    if draw(st.booleans()):  # near a clock change
+        day = draw(st.sampled_from(SHIFTS))
+        return (day + timedelta(seconds=draw(st.integers(-6 * 3600, 30 * 3600)))).replace(tzinfo=UTC) - timedelta(
+            hours=draw(st.integers(-11, 5))
+        )
+    seconds = draw(st.integers(0, 3 * 365 * 86400))
+    return datetime(2025, 1, 1, tzinfo=UTC) + timedelta(seconds=seconds, microseconds=draw(st.integers(0, 999_999)))
+
+
+@pytest.fixture(scope="module")
+def server(database: str) -> Any:
+    with psycopg.connect(database, autocommit=True) as conn:
+        yield conn
+
+
+def croniter_next(expression: str, after: datetime, zone: str) -> datetime | None:
+    seconds_first = len(expression.split()) == 6
+    try:
+        it = croniter(expression, after.astimezone(ZoneInfo(zone)), second_at_beginning=seconds_first)
+        found: datetime = it.get_next(datetime)
+    except CroniterBadDateError:
+        return None
+    return found
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(expression=expressions(), after=instants(), zone=st.sampled_from(ZONES))
+def test_agrees_with_croniter(server: Any, expression: str, after: datetime, zone: str) -> None:
+    expected = croniter_next(expression, after, zone)
+    assume(expected is not None and expected - after < timedelta(days=5 * 365))
+    row = server.execute("SELECT dq_cron_next(%s, %s, %s)", (expression, after, zone)).fetchone()
+    assert row[0] == expected, f"{expression!r} after {after.isoformat()} in {zone}"
+
+
+@pytest.mark.parametrize(
+    ("expression", "zone", "message"),
+    [
+        ("* * * *", "UTC", "5 fields"),
+        ("61 * * * *", "UTC", "minute field"),
+        ("* * 0 * *", "UTC", "day of month field"),
+        ("* * * foo *", "UTC", "month field"),
+        ("* * * * 8", "UTC", "day of week field"),
+        ("*/0 * * * *", "UTC", "minute field"),
+        ("5-1 * * * *", "UTC", "reversed"),
+        ("0 0 L * *", "UTC", "day of month field"),
+        ("0 0 * * *", "Mars/Olympus", "time zone"),
+    ],
+)
+def test_invalid_expressions_are_clear_errors(server: Any, expression: str, zone: str, message: str) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
+        server.execute("SELECT dq_cron_next(%s, now(), %s)", (expression, zone))
+
+
+def test_nulls_are_errors(server: Any) -> None:
+    for args in ((None, datetime.now(UTC), "UTC"), ("* * * * *", None, "UTC"), ("* * * * *", datetime.now(UTC), None)):
+        with pytest.raises(psycopg.errors.NullValueNotAllowed):
+            server.execute("SELECT dq_cron_next(%s, %s, %s)", args)
