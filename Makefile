@@ -24,7 +24,7 @@ PY := $(VENV)/bin/python
 sql/pgdq--1.0.0.sql: sql/extension_header.sql $(SQL_SOURCES) sql/extension_footer.sql
 	cat $^ > $@
 
-.PHONY: sql deps venv demo test lint installcheck pytest cluster-stop sync-code bench
+.PHONY: sql deps venv demo test lint installcheck pytest cluster-stop sync-code bench spark-demo
 
 # The plain install script, for servers where extensions cannot be added.
 sql:
@@ -39,7 +39,7 @@ venv: $(VENV)/.stamp
 $(VENV)/.stamp: python/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
-	$(PY) -m pip install -e 'python[dev]' >> $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
+	$(PY) -m pip install -e 'python[dev,spark]' >> $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
 	touch $@
 
 installcheck:
@@ -58,6 +58,9 @@ test: deps venv
 
 demo: deps venv
 	scripts/demo.sh
+
+spark-demo: deps venv
+	scripts/spark_demo.sh $(SPARK_ARGS)
 
 cluster-stop:
 	scripts/pgcluster.sh stop test; scripts/pgcluster.sh stop demo; scripts/pgcluster.sh stop bench

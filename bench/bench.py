@@ -348,7 +348,52 @@ def w6_soak(system: System) -> dict[str, float]:
     return out
 
 
-WORKLOADS = {"W1": w1_enqueue, "W2": w2_drain, "W3": w3_single, "W4": w4_lateness, "W5": w5_depth, "W6": w6_soak}
+def w7_spark(system: System) -> dict[str, float]:
+    """W7 (pgdq): 1,000,000 rows offered by offer_dataframe on local[2] and by
+    one Python process with offer_many, both in chunks of 10,000."""
+    if system.name != "pgdq":
+        return {}
+    from pgdq.spark import offer_dataframe
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F  # noqa: N812
+
+    total, chunk = n(1_000_000), 10_000
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    rows = spark.range(total, numPartitions=2).select(
+        F.concat(F.lit("u"), F.col("id").cast("string")).alias("key"),
+        F.struct(F.col("id").alias("user"), F.lit("hello").alias("text")).alias("payload"),
+    )
+    fresh = fresh_db(system)
+    started = time.perf_counter()
+    summary = offer_dataframe(rows, fresh, QUEUE, batch_size=chunk)
+    spark_rate = summary.created / (time.perf_counter() - started)
+    spark.stop()
+
+    fresh = fresh_db(system)
+    with psycopg.connect(fresh, autocommit=True) as conn:
+        q = Queue(QUEUE, conn)
+        started = time.perf_counter()
+        for start in range(0, total, chunk):
+            q.offer_many([(f"u{i}", {"user": i, "text": "hello"}) for i in range(start, min(start + chunk, total))])
+        single_rate = total / (time.perf_counter() - started)
+    return {
+        "W7 offer_dataframe local[2] rows/s": spark_rate,
+        "W7 one process offer_many rows/s": single_rate,
+        "W7 Spark / one process": spark_rate / single_rate,
+    }
+
+
+WORKLOADS = {
+    "W1": w1_enqueue,
+    "W2": w2_drain,
+    "W3": w3_single,
+    "W4": w4_lateness,
+    "W5": w5_depth,
+    "W6": w6_soak,
+    "W7": w7_spark,
+}
 
 
 REPEATED = ("W1", "W2", "W3")  # short throughput runs: repeated, interleaved, median kept
@@ -389,6 +434,8 @@ def fmt(measure: str, value: float | None) -> str:
     """A cell: milliseconds with 3 decimals, rates as whole numbers."""
     if value is None:
         return "—"
+    if measure.endswith(("/ one process",)):
+        return f"{value:.2f}"
     return f"{value:,.3f}" if measure.endswith((" ms", " MB")) else f"{value:,.0f}"
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the system packages pgdq's build and tests need, when missing:
-# PGXS (postgresql-server-dev-15), pgTAP and pg_prove. Debian/Ubuntu, as root.
+# PGXS (postgresql-server-dev-15), pgTAP and pg_prove, and Java 17 for the
+# Spark tests and demo. Debian/Ubuntu, as root.
 set -euo pipefail
 
 sharedir=$(pg_config --sharedir 2>/dev/null || echo /usr/share/postgresql/15)
@@ -9,6 +10,7 @@ missing=()
 [ -f "$(pg_config --pgxs 2>/dev/null || echo /nonexistent)" ] || missing+=(postgresql-server-dev-15)
 [ -f "$sharedir/extension/pgtap.control" ] || missing+=(postgresql-15-pgtap)
 command -v pg_prove >/dev/null || missing+=(libtap-parser-sourcehandler-pgtap-perl)
+command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then
