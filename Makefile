@@ -60,7 +60,7 @@ demo: deps venv
 	scripts/demo.sh
 
 spark-demo: deps venv
-	scripts/spark_demo.sh $(SPARK_ARGS)
+	scripts/demo.sh examples/spark_reminders.py $(SPARK_ARGS)
 
 cluster-stop:
 	scripts/pgcluster.sh stop test; scripts/pgcluster.sh stop demo; scripts/pgcluster.sh stop bench

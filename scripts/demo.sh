@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `make demo`: run examples/demo.py against DATABASE_URL, or against a
-# throwaway cluster under .pgdq/demo when no server is configured.
+# `make demo` / `make spark-demo`: run an example (default examples/demo.py)
+# against DATABASE_URL, or against a throwaway cluster under .pgdq/demo when
+# no server is configured.   scripts/demo.sh [EXAMPLE.py [ARGS...]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${DATABASE_URL:-}" ]; then
@@ -11,4 +12,5 @@ if [ -z "${DATABASE_URL:-}" ]; then
   export PGDATABASE=pgdq_demo
   echo "demo database: $PGHOST port $PGPORT, database pgdq_demo (stop it with: make cluster-stop)"
 fi
-exec .venv/bin/python examples/demo.py
+export PYSPARK_PYTHON="$PWD/.venv/bin/python"  # Spark's executors run the same Python
+exec .venv/bin/python "${1:-examples/demo.py}" "${@:2}"
