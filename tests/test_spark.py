@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from pgdq import Queue
@@ -108,3 +111,26 @@ def test_read_queue_and_dead_letters(spark: Any, database: str, queue_name: str)
     assert [(r.key, r.error) for r in dead] == [("now", "broken")]
     with Queue(queue_name, database) as q:
         q.purge_dead_letters()
+
+
+def test_the_example_pipeline_on_small_data(spark: Any, database: str) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples/spark_reminders.py"
+    env = {**os.environ, "DATABASE_URL": database, "PYSPARK_PYTHON": sys.executable}
+    out = subprocess.run(
+        [sys.executable, str(example), "--users", "3000", "--queue", "example_reminders"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    assert "3,000 created" in out and "hour (UTC)" in out, out
+    with Queue("example_reminders", database) as q:
+        stats = q.stats()
+        assert stats.delayed + stats.ready == 3000
+        info = q.get("reminder/10")  # user 10 lives in ZONES[10]: Australia/Lord_Howe
+        assert info is not None and info.payload["timezone"] == "Australia/Lord_Howe"
+        local = info.scheduled_at.astimezone(ZoneInfo("Australia/Lord_Howe"))
+        assert (local.hour, local.minute) == (9, 0), "09:00 on the user's own clock"
+        assert timedelta(0) < info.scheduled_at - datetime.now(UTC) <= timedelta(days=1)
+        q.purge()
