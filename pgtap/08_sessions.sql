@@ -11,7 +11,7 @@ CREATE FUNCTION pg_temp.here() RETURNS text LANGUAGE sql AS $$
     )
 $$;
 CREATE EXTENSION IF NOT EXISTS dblink;
-SELECT plan(20);
+SELECT plan(22);
 SELECT dblink_connect('producer', pg_temp.here());
 SELECT dblink_connect('holder', pg_temp.here());
 SELECT dblink_connect('listener', pg_temp.here());
@@ -161,6 +161,21 @@ SELECT is((
     SELECT count(*)::int FROM heard
     WHERE channel <> 'dq_wakeup'
 ), 0, 'only the dq_wakeup channel is used');
+
+-- a redrive never waits for a poll that is burying the same key (no deadlock)
+SELECT pg_temp.remote('producer', $$SELECT dq_dead_purge('t_dr') + dq_purge('t_dr')$$);
+SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_dr', 'k', '1')$$);
+SELECT pg_temp.remote('producer', $$SELECT dq_dead_letter(lock_token, 'first') FROM dq_poll('t_dr')$$);
+SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_dr', 'k', '2')$$);  -- live again
+SELECT dblink_exec('holder', 'BEGIN');
+SELECT pg_temp.remote('holder', $$SELECT dq_dead_letter(lock_token, 'second') FROM dq_poll('t_dr')$$);
+SET LOCAL lock_timeout = '200ms';
+SELECT is(dq_dead_redrive('t_dr', 'k'), 0, 'the key is live for this session: left alone, without waiting');
+SELECT dblink_exec('holder', 'COMMIT');
+SELECT is(
+    (SELECT error FROM dq_dead_list('t_dr')), 'second', 'the bury went through and replaced the dead letter'
+);
+SELECT pg_temp.remote('producer', $$SELECT dq_dead_purge('t_dr')$$);
 
 SELECT dblink_disconnect('producer');
 SELECT dblink_disconnect('holder');

@@ -133,9 +133,17 @@ BEGIN
         PERFORM dq__check_name(v_key, 'key', 200);
     END IF;
     -- Key order, like every multi-row writer, so none of them deadlock.
+    -- Keys with a live message are left alone, and are filtered out before
+    -- any lock is taken: a poll burying such a key holds the message and
+    -- then wants the dead letter, so locking the dead letter first and then
+    -- inserting the message could deadlock with it.
     WITH candidates AS (
         SELECT d.key FROM dq_dead_letters AS d
         WHERE d.queue = v_queue AND (v_key IS NULL OR d.key = v_key)
+            AND NOT EXISTS (
+                SELECT FROM dq_messages AS m
+                WHERE m.queue = v_queue AND m.key = d.key
+            )
         ORDER BY d.key
         FOR UPDATE
     ),
