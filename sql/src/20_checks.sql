@@ -26,11 +26,7 @@ AS $$
 DECLARE
     v_length integer := pg_catalog.length(name);
 BEGIN
-    IF name IS NULL THEN
-        RAISE EXCEPTION USING
-            ERRCODE = '22004',
-            MESSAGE = pg_catalog.format('pgdq: %s must not be NULL', arg_name);
-    END IF;
+    PERFORM @extschema@.dq__not_null(name, arg_name);
     IF v_length OPERATOR(pg_catalog.<) 1
         OR v_length OPERATOR(pg_catalog.>) max_length THEN
         RAISE EXCEPTION USING
@@ -67,11 +63,7 @@ AS $$
 DECLARE
     v_bad integer := pg_catalog.array_position(arr, NULL);
 BEGIN
-    IF arr IS NULL THEN
-        RAISE EXCEPTION USING
-            ERRCODE = '22004',
-            MESSAGE = pg_catalog.format('pgdq: %s must not be NULL', arg_name);
-    END IF;
+    PERFORM @extschema@.dq__not_null(arr, arg_name);
     IF v_bad IS NOT NULL THEN
         RAISE EXCEPTION USING
             ERRCODE = '22004',
