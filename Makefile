@@ -6,7 +6,12 @@
 #   make sql          plain install script (SCHEMA=public) for managed servers
 
 EXTENSION = pgdq
-DATA_built = sql/pgdq--1.0.0.sql
+# The version being built (pgdq.control); its full script is generated from
+# sql/src. Released full scripts and the step scripts between versions are
+# committed as released (sql/pgdq--1.0.0.sql, sql/pgdq--A--B.sql).
+PGDQ_VERSION := $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" pgdq.control)
+DATA_built = sql/pgdq--$(PGDQ_VERSION).sql
+DATA = $(filter-out $(DATA_built),$(wildcard sql/pgdq--*.sql))
 NO_INSTALLCHECK = 1
 EXTRA_CLEAN = build
 
@@ -21,7 +26,7 @@ SQL_SOURCES := $(sort $(wildcard sql/src/*.sql))
 VENV := .venv
 PY := $(VENV)/bin/python
 
-sql/pgdq--1.0.0.sql: sql/extension_header.sql $(SQL_SOURCES) sql/extension_footer.sql
+$(DATA_built): sql/extension_header.sql $(SQL_SOURCES) sql/extension_footer.sql
 	cat $^ > $@
 
 .PHONY: sql deps venv demo test lint installcheck pytest cluster-stop sync-code bench spark-demo

@@ -22,6 +22,7 @@ from typing import Any
 
 import psycopg
 from pgdq import AsyncQueue, install
+from pgdq._script import released_install_script
 
 QUEUE = "bench"
 LEASE = timedelta(seconds=60)
@@ -170,6 +171,17 @@ class Pgdq(System):
 
     async def ack_one(self, h: Any, token: Any) -> None:
         await h.ack(token)
+
+
+class PgdqReleased(Pgdq):
+    """pgdq 1.0.0's SQL as released, through today's wrapper: what each change
+    since the first release bought (or cost), in the same run."""
+
+    name = "pgdq 1.0.0"
+
+    def setup(self, conninfo: str) -> None:
+        with psycopg.connect(conninfo, autocommit=True) as conn, conn.transaction():
+            conn.execute(released_install_script("1.0.0").encode())
 
 
 class PgQueuer(System):
@@ -328,7 +340,7 @@ class Procrastinate(System):
         return asyncio.run(go())
 
 
-SYSTEMS: dict[str, System] = {s.name: s for s in (RawSql(), Pgdq(), PgQueuer(), Procrastinate())}
+SYSTEMS: dict[str, System] = {s.name: s for s in (RawSql(), Pgdq(), PgdqReleased(), PgQueuer(), Procrastinate())}
 
 
 GRAPHILE = Path(__file__).resolve().parent / "graphile"

@@ -1,7 +1,7 @@
 -- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
 -- defaults, security settings, the dq_delivery type, dq_now and dq_version.
 BEGIN;
-SELECT plan(63);
+SELECT plan(67);
 
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
@@ -147,7 +147,7 @@ SELECT is(
     'every pgdq function pins search_path (or schema-qualifies everything)'
 );
 
-SELECT is(dq_version(), '1.0.0', 'dq_version() is the package version');
+SELECT is(dq_version(), '1.1.0', 'dq_version() is the package version');
 SELECT is(
     dq_version(), (
         SELECT extversion FROM pg_extension
@@ -165,6 +165,30 @@ SELECT ok(
 );
 SELECT set_config('dq.now', '', TRUE);
 SELECT ok(dq_now() > now(), 'dq_now() is clock_timestamp(), not the transaction start');
+
+-- dq.now must be a finite timestamp (api-v1.1)
+SELECT set_config('dq.now', 'infinity', TRUE);
+SELECT throws_ok(
+    $$SELECT dq_now()$$, '22023', 'pgdq: dq.now must be a finite timestamp, got ''infinity''', 'an infinite dq.now is 22023'
+);
+SELECT throws_ok($$SELECT dq_offer('t_inst', 'k', '1')$$, '22023', NULL, 'and every function raises it');
+SELECT set_config('dq.now', 'next tuesday', TRUE);
+SELECT throws_ok(
+    $$SELECT * FROM dq_poll('t_inst')$$, '22023', 'pgdq: dq.now must be a finite timestamp, got ''next tuesday''',
+    'an unparsable dq.now is 22023'
+);
+SELECT set_config('dq.now', '', TRUE);
+SELECT is(
+    (
+        SELECT array_agg(c.relname::text ORDER BY c.relname)
+        FROM pg_extension AS e
+        CROSS JOIN LATERAL unnest(e.extconfig) AS x (oid)
+        INNER JOIN pg_class AS c ON x.oid = c.oid
+        WHERE e.extname = 'pgdq'
+    ),
+    ARRAY['dq_dead_letters', 'dq_messages', 'dq_messages_id_seq', 'dq_queues', 'dq_schedules'],
+    'pg_dump keeps every table and the id sequence of an extension install'
+);
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -1,6 +1,6 @@
 -- dq_offer: created / updated / ignored, times, ids, resets, bad input.
 BEGIN;
-SELECT plan(45);
+SELECT plan(48);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 -- created, with a NULL time meaning now
@@ -108,6 +108,17 @@ SELECT is((
     WHERE queue = 't_bad'
 ), 0, 'bad offers wrote nothing');
 SELECT is(dq_offer(repeat('q', 100), repeat('k', 200), '1'), 'created', '100-character queue and 200-character key are fine');
+
+-- infinite times (api-v1.1)
+SELECT throws_ok(
+    $$SELECT dq_offer('t_offer', 'inf', '1', 'infinity')$$, '22023',
+    'pgdq: scheduled_at must be a finite time, got infinity', 'an infinite scheduled_at is 22023'
+);
+SELECT throws_ok(
+    $$SELECT dq_offer('t_offer', 'inf', '1', '-infinity')$$, '22023',
+    'pgdq: scheduled_at must be a finite time, got -infinity', 'so is -infinity'
+);
+SELECT is((SELECT count(*)::int FROM dq_get('t_offer', 'inf')), 0, 'and nothing was written');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -1,7 +1,7 @@
 -- dq_offer_many: per-element outcomes in input order, repeated keys, NULL
 -- times, 100,000 elements, bad input writes nothing.
 BEGIN;
-SELECT plan(23);
+SELECT plan(25);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 SELECT results_eq(
@@ -91,6 +91,16 @@ SELECT is((
     SELECT count(*)::int FROM dq_messages
     WHERE queue = 't_bad'
 ), 0, 'bad batches wrote nothing');
+
+-- infinite times (api-v1.1)
+SELECT throws_ok(
+    $$SELECT * FROM dq_offer_many('t_many_inf', ARRAY['a', 'b'], ARRAY['1', '2']::jsonb[], ARRAY[now(), 'infinity'])$$, '22023',
+    'pgdq: scheduled_ats[2] must be a finite time, got infinity', 'an infinite element is 22023 naming it'
+);
+SELECT is((
+    SELECT count(*)::int FROM dq_stats('t_many_inf')
+    WHERE ready + delayed > 0
+), 0, 'and nothing was written');
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -1,7 +1,7 @@
 -- dq_poll / dq_poll_many: due order, ties by id, expired leases, lease
 -- fields, max_count and lease rules, queue isolation.
 BEGIN;
-SELECT plan(30);
+SELECT plan(35);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 SELECT dq_offer('t_poll', 'late', '"l"', '2024-01-01 09:59:00+00');
@@ -68,6 +68,25 @@ SELECT is((SELECT attempts FROM dq_get('t_other', 'o')), 0, 'polls of one queue 
 SELECT is(
     (SELECT lease_until - '2024-01-01 10:03:00+00'::timestamptz FROM dq_poll('t_other')), interval '5 minutes',
     'the default lease is 5 minutes'
+);
+
+-- a lease must end after now, within the timestamp range (api-v1.1)
+SELECT set_config('dq.now', '2024-01-31 10:00:00+00', TRUE);
+SELECT throws_ok(
+    $$SELECT * FROM dq_poll('t_poll', '1 mon -29 days')$$, '22023',
+    'pgdq: lease must end after now, but 1 mon -29 days from 2024-01-31 10:00:00+00 ends at 2024-01-31 10:00:00+00',
+    'a lease that compares as positive but ends before now on this date'
+);
+SELECT throws_ok(
+    $$SELECT * FROM dq_poll_many('t_poll', 5, '300000 years')$$, '22023',
+    'pgdq: lease 300000 years ends beyond the timestamp range', 'a lease past the timestamp range'
+);
+SELECT throws_ok(
+    $$SELECT * FROM dq_ack_poll('{}', 't_poll', 5, '1 mon -29 days')$$, '22023', NULL, 'dq_ack_poll checks its lease too'
+);
+SELECT is((SELECT count(*)::int FROM dq_poll_many('t_poll', 1, '1 mon -28 days')), 1, 'a lease that does end after now works');
+SELECT is(
+    (SELECT count(*)::int FROM dq_poll_many('t_poll', 1, '2000 years')), 1, 'so does a long one within the range'
 );
 
 SELECT * FROM finish();

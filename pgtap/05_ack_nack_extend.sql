@@ -1,7 +1,7 @@
 -- dq_ack, dq_ack_many, dq_nack, dq_extend: current vs stale tokens, NULLs,
 -- retry times, checkpoints, heartbeats; dq_ack_poll.
 BEGIN;
-SELECT plan(45);
+SELECT plan(47);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 SELECT dq_offer_many('t_ack', ARRAY['a', 'b', 'c', 'd', 'e'], ARRAY['1', '2', '3', '4', '5']::jsonb[]);
@@ -145,6 +145,17 @@ SELECT is((
     SELECT count(*)::int FROM dq_stats('t_ap')
     WHERE ready + delayed + leased = 0
 ), 1, 'but it acks');
+
+-- a lease must end after now, within the timestamp range (api-v1.1)
+SELECT throws_ok(
+    format('SELECT dq_extend(%L, %L)', (SELECT lock_token FROM d2), '300000 years'), '22023',
+    'pgdq: lease 300000 years ends beyond the timestamp range', 'extend past the timestamp range'
+);
+SELECT set_config('dq.now', '2024-03-31 10:00:00+00', TRUE);
+SELECT throws_ok(
+    format('SELECT dq_extend(%L, %L)', (SELECT lock_token FROM d2), '1 mon -31 days'), '22023',
+    NULL, 'extend with a lease that ends before now on this date'
+);
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -2,7 +2,7 @@
 -- other configurations, leased occurrences kept, past ones skipped, literal
 -- prefixes, bad input.
 BEGIN;
-SELECT plan(29);
+SELECT plan(31);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 SET LOCAL TimeZone = 'America/New_York';
 
@@ -135,6 +135,16 @@ SELECT is((
     SELECT count(*)::int FROM dq_messages
     WHERE queue = 't_bad'
 ), 0, 'bad installs wrote nothing');
+
+-- infinite occurrences (api-v1.1)
+SELECT throws_ok(
+    $$SELECT dq_cron_install('t_cron_inf', 'p', 'h', ARRAY['2030-01-01', 'infinity']::timestamptz [], ARRAY['1', '2']::jsonb[])$$,
+    '22023', 'pgdq: scheduled_ats[2] must be a finite time, got infinity', 'an infinite occurrence is 22023'
+);
+SELECT is((
+    SELECT count(*)::int FROM dq_stats('t_cron_inf')
+    WHERE delayed > 0
+), 0, 'and nothing was written');
 
 SELECT * FROM finish();
 ROLLBACK;

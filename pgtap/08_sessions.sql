@@ -1,6 +1,7 @@
 -- Across sessions (through dblink): polls skip rows other sessions are
--- taking without waiting; dq_wakeup sends one notification per touched queue
--- per statement at commit, none for ignored offers.
+-- taking without waiting; dq_wakeup is sent at commit only when a written
+-- message is due no later than the rest of its queue; a redrive never waits
+-- for a poll burying the same key.
 BEGIN;
 SET LOCAL statement_timeout = '60s';
 -- a connection string for another session on this same server
@@ -11,7 +12,7 @@ CREATE FUNCTION pg_temp.here() RETURNS text LANGUAGE sql AS $$
     )
 $$;
 CREATE EXTENSION IF NOT EXISTS dblink;
-SELECT plan(22);
+SELECT plan(31);
 SELECT dblink_connect('producer', pg_temp.here());
 SELECT dblink_connect('holder', pg_temp.here());
 SELECT dblink_connect('listener', pg_temp.here());
@@ -77,90 +78,112 @@ SELECT results_eq(
 );
 SELECT count(*) AS done FROM dblink_get_result('waiter') AS t (o text);  -- noqa: AL05
 
--- wakeups
+-- wake-ups (api-v1.1): a statement notifies, at commit, only when a message
+-- it wrote is due no later than every other message of its queue it can see
 SELECT dblink_exec('listener', 'LISTEN dq_wakeup');
-CREATE TEMP TABLE heard (n int, channel text, payload text);
-CREATE FUNCTION pg_temp.hear(n int) RETURNS void LANGUAGE sql AS $$
-    SELECT pg_sleep(0.3);
-    INSERT INTO heard SELECT n, t.notify_name, t.extra FROM dblink_get_notify('listener') AS t;
+SELECT pg_temp.remote('producer', $$SELECT dq_purge('t_wake') + dq_purge('t_wake2') + dq_dead_purge('t_wake')$$);
+-- what the listener hears after the producer runs query (empty: nothing)
+CREATE FUNCTION pg_temp.wakes(query text) RETURNS text[] LANGUAGE sql AS $$
+    SELECT pg_temp.remote('producer', query);
+    SELECT pg_sleep(0.2);
+    SELECT coalesce(array_agg(t.notify_name || ':' || t.extra ORDER BY t.extra), '{}')
+    FROM dblink_get_notify('listener') AS t;
+$$;
+-- a timestamptz literal, minutes from now
+CREATE FUNCTION pg_temp.at(minutes int) RETURNS text LANGUAGE sql AS $$
+    SELECT quote_literal(clock_timestamp() + make_interval(mins => minutes)) || '::timestamptz'
 $$;
 
-SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_sess2', 'k1', '1')$$);
-SELECT pg_temp.hear(1);
-SELECT results_eq(
-    $$SELECT channel, payload FROM heard WHERE n = 1$$, $$VALUES ('dq_wakeup', 't_sess2')$$,
-    'a created offer sends one notification on dq_wakeup, payload the queue'
-);
-SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_sess2', 'k1', '1')$$);
-SELECT pg_temp.hear(2);
-SELECT is((
-    SELECT count(*)::int FROM heard
-    WHERE n = 2
-), 0, 'an ignored offer sends none');
-SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_sess2', 'k1', '2')$$);
-SELECT pg_temp.hear(3);
-SELECT is((
-    SELECT count(*)::int FROM heard
-    WHERE n = 3
-), 1, 'an updated offer sends one');
-SELECT
-    pg_temp.remote(
-        'producer', $$SELECT count(*) FROM dq_offer_many('t_sess2', ARRAY['m1', 'm2', 'm3', 'k1'], ARRAY['1', '2', '3', '4']::jsonb[])$$
-    );
-SELECT pg_temp.hear(4);
-SELECT results_eq($$SELECT payload FROM heard WHERE n = 4$$, $$VALUES ('t_sess2')$$, 'dq_offer_many sends exactly one per statement');
-SELECT pg_temp.remote('producer', $$SELECT count(*) FROM dq_offer_many('t_sess2', ARRAY['m1', 'm2'], ARRAY['1', '2']::jsonb[])$$);
-SELECT pg_temp.hear(5);
-SELECT is((
-    SELECT count(*)::int FROM heard
-    WHERE n = 5
-), 0, 'a batch that only ignores sends none');
-SELECT
-    pg_temp.remote(
-        'producer', $$SELECT dq_cron_install('t_sess2', 'cr', 'h', ARRAY['2999-01-01 00:00:00+00'::timestamptz], ARRAY['1']::jsonb[])$$
-    );
-SELECT pg_temp.hear(6);
-SELECT results_eq($$SELECT payload FROM heard WHERE n = 6$$, $$VALUES ('t_sess2')$$, 'dq_cron_install sends one');
-SELECT
-    pg_temp.remote(
-        'producer', $$SELECT dq_cron_install('t_sess2', 'cr', 'h', ARRAY['2999-01-01 00:00:00+00'::timestamptz], ARRAY['1']::jsonb[])$$
-    );
-SELECT pg_temp.hear(7);
-SELECT is((
-    SELECT count(*)::int FROM heard
-    WHERE n = 7
-), 0, 'a cron install that creates nothing sends none');
-
-SELECT dblink_exec('producer', 'BEGIN');
-SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_sess2', 'tx1', '1')$$);
-SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_sess', 'tx2', '1')$$);
-SELECT pg_temp.hear(8);
-SELECT is((
-    SELECT count(*)::int FROM heard
-    WHERE n = 8
-), 0, 'nothing is sent before commit');
-SELECT dblink_exec('producer', 'COMMIT');
-SELECT pg_temp.hear(9);
-SELECT results_eq(
-    $$SELECT payload FROM heard WHERE n = 9 ORDER BY payload$$, $$VALUES ('t_sess'), ('t_sess2')$$,
-    'at commit, one notification per queue touched'
-);
-SELECT dblink_exec('producer', 'BEGIN');
-SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_sess2', 'rb', '1')$$);
-SELECT dblink_exec('producer', 'ROLLBACK');
-SELECT pg_temp.hear(10);
-SELECT is((
-    SELECT count(*)::int FROM heard
-    WHERE n = 10
-), 0, 'a rolled-back offer sends none');
 SELECT is(
-    (SELECT count(*)::int FROM dblink('producer', $$SELECT key FROM dq_get('t_sess2', 'rb')$$) AS t (k text)), 0,  -- noqa: AL05
+    pg_temp.wakes($$SELECT dq_offer('t_wake', 'a', '1', $$ || pg_temp.at(60) || ')'),
+    ARRAY['dq_wakeup:t_wake'], 'an offer into an empty queue notifies dq_wakeup, payload the queue'
+);
+SELECT is(
+    pg_temp.wakes($$SELECT dq_offer('t_wake', 'b', '1', $$ || pg_temp.at(120) || ')'),
+    '{}', 'an offer behind the head sends nothing'
+);
+SELECT is(
+    pg_temp.wakes($$SELECT dq_offer('t_wake', 'c', '1', $$ || pg_temp.at(30) || ')'),
+    ARRAY['dq_wakeup:t_wake'], 'an offer earlier than the head notifies'
+);
+SELECT is(pg_temp.wakes($$SELECT dq_offer('t_wake', 'c', '1')$$), '{}', 'an ignored offer sends nothing');
+SELECT is(
+    pg_temp.wakes($$SELECT dq_offer('t_wake', 'b', '2', $$ || pg_temp.at(10) || ')'),
+    ARRAY['dq_wakeup:t_wake'], 'an update that makes its message the head notifies'
+);
+SELECT is(
+    pg_temp.wakes($$SELECT dq_offer('t_wake', 'a', '2', $$ || pg_temp.at(90) || ')'),
+    '{}', 'an update behind the head sends nothing'
+);
+SELECT is(
+    pg_temp.wakes(
+        $$SELECT count(*) FROM dq_offer_many('t_wake', ARRAY['d', 'e'], ARRAY['1', '2']::jsonb[], ARRAY[$$
+        || pg_temp.at(200) || ', ' || pg_temp.at(300) || '])'
+    ),
+    '{}', 'a batch entirely behind the head sends nothing'
+);
+SELECT is(
+    pg_temp.wakes(
+        $$SELECT count(*) FROM dq_offer_many('t_wake', ARRAY['f', 'g', 'h'], ARRAY['1', '2', '3']::jsonb[], ARRAY[$$
+        || pg_temp.at(400) || ', ' || pg_temp.at(1) || ', ' || pg_temp.at(2) || '])'
+    ),
+    ARRAY['dq_wakeup:t_wake'], 'a batch with one message before the head sends exactly one'
+);
+SELECT is(
+    pg_temp.wakes($$SELECT count(*) FROM dq_offer_many('t_wake', ARRAY['f', 'g'], ARRAY['1', '2']::jsonb[], NULL, FALSE)$$),
+    '{}', 'a batch that only ignores sends nothing'
+);
+SELECT is(
+    pg_temp.wakes($$SELECT dq_cron_install('t_wake', 'cr', 'h', ARRAY['2999-01-01 00:00:00+00'::timestamptz], ARRAY['1']::jsonb[])$$),
+    '{}', 'a cron install behind the head sends nothing'
+);
+SELECT is(
+    pg_temp.wakes($$SELECT dq_cron_install('t_wake2', 'cr', 'h', ARRAY['2999-01-01 00:00:00+00'::timestamptz], ARRAY['1']::jsonb[])$$),
+    ARRAY['dq_wakeup:t_wake2'], 'a cron install into an empty queue notifies'
+);
+
+-- nacks: 'now' is the only due message; each statement leases it and hands it back
+SELECT is(pg_temp.wakes($$SELECT dq_offer('t_wake', 'now', '1')$$), ARRAY['dq_wakeup:t_wake'], 'a message due now notifies');
+SELECT is(pg_temp.wakes($$SELECT count(*) FROM dq_poll('t_wake', '1 second')$$), '{}', 'a poll sends nothing');
+SELECT pg_sleep(1);
+SELECT is(
+    pg_temp.wakes($$SELECT dq_nack(lock_token) FROM dq_poll('t_wake', '1 hour')$$),
+    ARRAY['dq_wakeup:t_wake'], 'a nack for now while every other message is delayed notifies'
+);
+SELECT is(
+    pg_temp.wakes($$SELECT dq_nack(lock_token, $$ || pg_temp.at(500) || $$) FROM dq_poll('t_wake', '1 hour')$$),
+    '{}', 'a nack behind the head (another message is due sooner) sends nothing'
+);
+
+-- transactions: at commit, at most one per queue; none after a rollback
+SELECT dblink_exec('producer', 'BEGIN');
+SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_wake', 'tx1', '1', '2000-01-01')$$);
+SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_wake', 'tx2', '1', '1999-01-01')$$);
+SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_wake2', 'tx3', '1', '2000-01-01')$$);
+SELECT pg_sleep(0.2);
+SELECT is((SELECT count(*)::int FROM dblink_get_notify('listener')), 0, 'nothing is sent before commit');
+SELECT is(
+    pg_temp.wakes('COMMIT'), ARRAY['dq_wakeup:t_wake', 'dq_wakeup:t_wake2'],
+    'at commit, one notification per queue whose head moved'
+);
+SELECT dblink_exec('producer', 'BEGIN');
+SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_wake', 'rb', '1', '1990-01-01')$$);
+SELECT is(pg_temp.wakes('ROLLBACK'), '{}', 'a rolled-back offer sends nothing');
+SELECT is(
+    (SELECT count(*)::int FROM dblink('producer', $$SELECT key FROM dq_get('t_wake', 'rb')$$) AS t (k text)), 0,  -- noqa: AL05
     'and leaves no message'
 );
-SELECT is((
-    SELECT count(*)::int FROM heard
-    WHERE channel <> 'dq_wakeup'
-), 0, 'only the dq_wakeup channel is used');
+
+-- redrives: tx2 and tx1 (due in the past) are buried, then offered again
+SELECT pg_temp.remote('producer', $$SELECT dq_dead_letter(lock_token) FROM dq_poll_many('t_wake', 2, '1 hour')$$);
+SELECT is(
+    pg_temp.wakes($$SELECT dq_dead_redrive('t_wake', 'tx1', $$ || pg_temp.at(700) || ')'),
+    '{}', 'a redrive behind the head sends nothing'
+);
+SELECT is(
+    pg_temp.wakes($$SELECT dq_dead_redrive('t_wake', 'tx2', '1980-01-01')$$),
+    ARRAY['dq_wakeup:t_wake'], 'a redrive that becomes the head notifies'
+);
 
 -- a redrive never waits for a poll that is burying the same key (no deadlock)
 SELECT pg_temp.remote('producer', $$SELECT dq_dead_purge('t_dr') + dq_purge('t_dr')$$);
@@ -184,4 +207,4 @@ SELECT dblink_disconnect('waiter');
 SELECT * FROM finish();
 ROLLBACK;
 -- the messages were committed by the other sessions: remove them
-SELECT dq_purge('t_sess') + dq_purge('t_sess2') AS removed;
+SELECT dq_purge('t_sess') + dq_purge('t_sess2') + dq_purge('t_wake') + dq_purge('t_wake2') AS removed;

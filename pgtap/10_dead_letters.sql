@@ -2,7 +2,7 @@
 -- dq_dead_letter, max_attempts enforced by polls, dq_dead_list,
 -- dq_dead_redrive, dq_dead_purge.
 BEGIN;
-SELECT plan(30);
+SELECT plan(31);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 -- dq_dead_letter: the consumer gives up
@@ -76,6 +76,12 @@ SELECT is(dq_dead_purge('t_max'), 0::bigint, 'purge a queue with none left');
 SELECT throws_ok($$SELECT dq_configure('t_bad', 0)$$, '22023', NULL, 'max_attempts must be positive');
 SELECT throws_ok($$SELECT dq_configure(NULL, 3)$$, '22004', NULL, 'queue must not be NULL');
 SELECT throws_ok($$SELECT * FROM dq_dead_list('', 10)$$, '22023', NULL, 'dead_list checks the queue');
+
+-- infinite times (api-v1.1)
+SELECT throws_ok(
+    $$SELECT dq_dead_redrive('t_dl', NULL, 'infinity')$$, '22023',
+    'pgdq: scheduled_at must be a finite time, got infinity', 'redrive to an infinite time is 22023'
+);
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -1,7 +1,7 @@
 -- Schedules kept by the database and dq_cron_next (additions to api-v1):
 -- DST rules, materialisation by polls, catch-up, replacement, removal.
 BEGIN;
-SELECT plan(27);
+SELECT plan(31);
 SET LOCAL timezone = 'UTC';
 
 -- dq_cron_next, DST edges included (the values croniter gives)
@@ -86,6 +86,24 @@ SELECT throws_ok($$SELECT dq_schedule_set('t_s', 'a/b', '* * * * *')$$, '22023',
 SELECT throws_ok($$SELECT dq_schedule_set('t_s', 'x', '* * * * *', 'UTC', '{}', 0)$$, '22023', NULL, 'max_missed 0');
 SELECT throws_ok($$SELECT dq_schedule_set('t_s', 'x', '0 0 30 2 *')$$, '22023', NULL, 'a schedule that never fires');
 SELECT is((SELECT count(*)::int FROM dq_schedules('t_s')), 0, 'and nothing was written');
+
+-- bounded input (api-v1.1)
+SELECT throws_ok(
+    format('SELECT dq_cron_next(%L, now(), %L)', repeat('1,', 500) || '1 * * * *', 'UTC'), '22023',
+    'pgdq: expression must be at most 1000 characters, got 1009', 'an expression over 1,000 characters is 22023'
+);
+SELECT throws_ok(
+    format('SELECT dq_schedule_set(%L, %L, %L)', 't_s', 'long', repeat(' ', 1000) || '* * * * *'), '22023',
+    NULL, 'dq_schedule_set checks it too'
+);
+SELECT throws_ok(
+    $$SELECT dq_cron_next('* * * * *', 'infinity', 'UTC')$$, '22023',
+    'pgdq: after must be a finite time, got infinity', 'an infinite after is 22023'
+);
+SELECT lives_ok(
+    format('SELECT dq_cron_next(%L, now(), %L)', repeat('59,', 330) || '59 * * * *', 'UTC'),
+    'a long expression within the limit works'
+);
 
 SELECT * FROM finish();
 ROLLBACK;

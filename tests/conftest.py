@@ -17,6 +17,10 @@ from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
 DB = os.environ.get("PGDQ_TEST_DB", "pgdq_py")
+# "fresh": CREATE EXTENSION pgdq; "upgrade": install 1.0.0, then ALTER
+# EXTENSION pgdq UPDATE, so the whole suite runs against an upgraded database;
+# "1.0.0": the first release alone, to show that a new test fails on it.
+INSTALL = os.environ.get("PGDQ_TEST_INSTALL", "fresh")
 
 
 def _cluster_env() -> None:
@@ -49,11 +53,18 @@ def recreate_database(name: str) -> None:
 
 @pytest.fixture(scope="session")
 def database() -> str:
-    """A fresh database with the pgdq extension; its conninfo."""
+    """A fresh database with the pgdq extension (PGDQ_TEST_INSTALL says how it
+    got there); its conninfo."""
     _cluster_env()
     recreate_database(DB)
     with psycopg.connect(dsn(), autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION pgdq")
+        if INSTALL in ("upgrade", "1.0.0"):
+            conn.execute("CREATE EXTENSION pgdq VERSION '1.0.0'")
+            if INSTALL == "upgrade":
+                conn.execute("ALTER EXTENSION pgdq UPDATE")
+        else:
+            assert INSTALL == "fresh", f"PGDQ_TEST_INSTALL must be fresh, upgrade or 1.0.0, got {INSTALL!r}"
+            conn.execute("CREATE EXTENSION pgdq")
     return dsn()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
+import pgdq
 import psycopg
 import pytest
 from pgdq import AsyncDelivery, AsyncQueue, InvalidArgument, OfferOutcome, StaleToken
@@ -33,7 +34,7 @@ def test_async_round_trip(database: str, queue_name: str) -> None:
             assert await q.next_due() == info.due_at
             with pytest.raises(InvalidArgument):
                 await q.poll_many(1, -1)
-            assert await q.version() == "1.0.0"
+            assert await q.version() == pgdq.__version__
 
     asyncio.run(main())
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pgdq
 import psycopg
 import pytest
 from conftest import dsn, recreate_database
@@ -51,7 +52,7 @@ def test_cli_plain_install_into_any_schema(scratch: str) -> None:
     schema = 'odd "schema"; name'
     done = pgdq_cli("install", "--dsn", scratch, "--schema", schema)
     assert done.returncode == 0, done.stderr
-    assert "pgdq 1.0.0 installed" in done.stdout
+    assert f"pgdq {pgdq.__version__} installed" in done.stdout
     with psycopg.connect(scratch, autocommit=True) as conn:
         count = functions_in(conn, schema)
         q = Queue("plain", conn, schema=schema)
@@ -67,7 +68,7 @@ def test_cli_plain_install_into_any_schema(scratch: str) -> None:
             install(conn, schema)
 
         version = pgdq_cli("version", "--dsn", scratch, "--schema", schema)
-        assert "database 1.0.0" in version.stdout
+        assert f"database {pgdq.__version__}" in version.stdout
         uninstall(conn, schema)
         assert functions_in(conn, schema) == 0
         missing = pgdq_cli("version", "--dsn", scratch, "--schema", schema)
@@ -117,7 +118,7 @@ def test_extension_install(scratch: str) -> None:
     with psycopg.connect(scratch, autocommit=True) as conn:
         conn.execute("CREATE SCHEMA q")
         conn.execute("CREATE EXTENSION pgdq SCHEMA q")
-        assert Queue("ext", conn, schema="q").version() == "1.0.0"
+        assert Queue("ext", conn, schema="q").version() == pgdq.__version__
         with pytest.raises(psycopg.errors.DuplicateObject):
             conn.execute("CREATE EXTENSION pgdq SCHEMA q")
         conn.execute("DROP EXTENSION pgdq")

@@ -7,6 +7,7 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
+import pgdq
 import psycopg
 import pydantic
 import pytest
@@ -152,7 +153,7 @@ def test_cancel_purge_next_due_version(q: Queue) -> None:
     assert q.cancel("a") is True and q.cancel("a") is False
     assert q.purge() == 1
     assert q.next_due() is None
-    assert q.version() == "1.0.0"
+    assert q.version() == pgdq.__version__
 
 
 def test_cron_install_uninstall(q: Queue) -> None:

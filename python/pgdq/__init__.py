@@ -7,6 +7,7 @@ handlers (pgdq.worker).
 
 from ._async_queue import AsyncDelivery, AsyncQueue
 from ._sync_queue import Delivery, Queue
+from ._version import VERSION
 from .codec import Codec, JsonCodec
 from .cron import AsyncCronService, CronService
 from .errors import AlreadyInstalled, InvalidArgument, NullArgument, PgdqError, StaleToken
@@ -14,7 +15,7 @@ from .install import install, uninstall
 from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, QueueStats, Schedule
 from .worker import Backoff, Retry, Route, Worker, handler, lease_lost
 
-__version__ = "1.0.0"
+__version__ = VERSION
 
 __all__ = [
     "AlreadyInstalled",

@@ -1,6 +1,8 @@
-"""Assemble the plain-SQL install script from sql/src (no extension needed).
+"""The plain-SQL install and upgrade scripts (no extension needed).
 
-Runs with no third-party imports, so `make sql` can call it as a file:
+The install script is sql/src assembled; the upgrade scripts are the
+extension's step scripts (sql/pgdq--A--B.sql), the same files ALTER EXTENSION
+runs. Runs with no third-party imports, so `make sql` can call it as a file:
     python3 python/pgdq/_script.py [SCHEMA]
 """
 
@@ -12,6 +14,8 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 # In a checkout pgdq/sql links to the repo's sql/src; a wheel carries a copy.
 SOURCE_DIRS = (_HERE / "sql", _HERE.parent.parent / "sql" / "src")
+# Likewise pgdq/upgrades links to the repo's sql/, home of the step scripts.
+UPGRADE_DIRS = (_HERE / "upgrades", _HERE.parent.parent / "sql")
 
 
 def quote_ident(name: str) -> str:
@@ -30,16 +34,60 @@ def source_files() -> list[Path]:
     raise FileNotFoundError("pgdq SQL sources not found next to the package")
 
 
+def plain_sql(script: str, schema: str) -> str:
+    """An extension script as a plain one for schema: @extschema@ filled in,
+    psql meta-commands dropped, schema first on search_path."""
+    ident = quote_ident(schema)
+    body = "\n".join(line for line in script.splitlines() if not line.startswith("\\echo"))
+    return f"SET LOCAL search_path = {ident};\n" + body.replace("@extschema@", ident) + "\n"
+
+
 def install_script(schema: str = "public") -> str:
     """The plain install script for schema, to run inside one transaction."""
-    ident = quote_ident(schema)
     body = "\n".join(f.read_text() for f in source_files())
     head = (
-        f"-- pgdq plain install into schema {ident}; run in one transaction.\n"
-        f"CREATE SCHEMA IF NOT EXISTS {ident};\n"
-        f"SET LOCAL search_path = {ident};\n"
+        f"-- pgdq plain install into schema {quote_ident(schema)}; run in one transaction.\n"
+        f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)};\n"
     )
-    return head + body.replace("@extschema@", ident)
+    return head + plain_sql(body, schema)
+
+
+def released_install_script(version: str, schema: str = "public") -> str:
+    """The full install script of a released version (sql/pgdq--VERSION.sql, kept
+    for upgrade tests and benchmarks) as a plain install into schema."""
+    for directory in UPGRADE_DIRS:
+        path = directory / f"pgdq--{version}.sql"
+        if path.exists():
+            # the extension-only footer registers tables with pg_dump; a plain install has none
+            lines = (line for line in path.read_text().splitlines() if "pg_extension_config_dump" not in line)
+            return f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)};\n" + plain_sql("\n".join(lines), schema)
+    raise FileNotFoundError(f"no released install script for pgdq {version}")
+
+
+def step_scripts() -> dict[str, tuple[str, Path]]:
+    """The step scripts shipped, by the version each starts from: {from: (to, path)}."""
+    for directory in UPGRADE_DIRS:
+        steps = {}
+        for path in directory.glob("pgdq--*--*.sql"):
+            old, new = path.name.removeprefix("pgdq--").removesuffix(".sql").split("--")
+            steps[old] = (new, path)
+        if steps:
+            return steps
+    return {}
+
+
+def upgrade_steps(installed: str, target: str) -> list[tuple[str, str, Path]]:
+    """The steps (from, to, script) that take installed to target, in order;
+    none when installed is target. ValueError when no path leads there."""
+    steps, version = step_scripts(), installed
+    path: list[tuple[str, str, Path]] = []
+    while version != target:
+        if version not in steps or len(path) > len(steps):
+            raise ValueError(f"no upgrade path from pgdq {installed} to {target}")
+        new, script = steps[version]
+        path.append((version, new, script))
+        version = new
+    return path
 
 
 def uninstall_script(schema: str = "public") -> str:

@@ -1,4 +1,4 @@
-"""The `pgdq` command: install / uninstall / version; offer, poll, ack, stats
+"""The `pgdq` command: install / upgrade / uninstall / version; offer, poll, ack, stats
 and dead-letters for operators and scripts (--json); worker.
 
 Exit codes: 0 done, 1 an error the message explains (pgdq's or the
@@ -31,6 +31,7 @@ from .errors import PgdqError
 from .install import install as install_sql
 from .install import installed_version
 from .install import uninstall as uninstall_sql
+from .install import upgrade as upgrade_sql
 from .model import QueueStats
 
 
@@ -66,6 +67,26 @@ def install(dsn: str | None, schema: str, if_not_exists: bool) -> None:
             raise click.ClickException(str(e)) from e
         version = installed_version(conn, schema)
     click.echo(f"pgdq {version} {'installed in' if done else 'already installed in'} schema {schema}")
+
+
+@main.command()
+@dsn_option
+@schema_option
+def upgrade(dsn: str | None, schema: str) -> None:
+    """Upgrade pgdq in place to this client's version (one transaction; messages, leases and schedules kept)."""
+    with _connect(dsn) as conn:
+        if installed_version(conn, schema) is None:
+            click.echo(f"pgdq is not installed in schema {schema}", err=True)
+            sys.exit(3)
+        try:
+            steps = upgrade_sql(conn, schema)
+        except PgdqError as e:
+            raise click.ClickException(str(e)) from e
+    if not steps:
+        click.echo(f"pgdq {__version__} is already current in schema {schema}; nothing to do")
+    else:
+        path = " -> ".join([steps[0][0], *(new for _, new in steps)])
+        click.echo(f"pgdq upgraded in schema {schema}: {path}")
 
 
 @main.command()

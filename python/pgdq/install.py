@@ -1,4 +1,4 @@
-"""Install pgdq's SQL into a schema with a plain connection (no extension)."""
+"""Install and upgrade pgdq's SQL in a schema with a plain connection."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ._script import install_script, uninstall_script
-from .errors import translate
+from ._script import install_script, plain_sql, uninstall_script, upgrade_steps
+from ._version import VERSION
+from .errors import PgdqError, translate
 
 
 def installed_version(conn: psycopg.Connection[Any], schema: str = "public") -> str | None:
@@ -43,3 +44,39 @@ def uninstall(conn: psycopg.Connection[Any], schema: str = "public") -> None:
     """Drop pgdq's functions, types and messages from schema (one transaction)."""
     with conn.transaction():
         conn.execute(uninstall_script(schema).encode())
+
+
+def extension_schema(conn: psycopg.Connection[Any]) -> str | None:
+    """The schema of the pgdq extension in this database, or None."""
+    row = conn.execute(
+        "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'pgdq'"
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def upgrade(conn: psycopg.Connection[Any], schema: str = "public") -> list[tuple[str, str]]:
+    """Bring pgdq in schema to VERSION in one transaction; the steps
+    taken as (from, to), none when already current.
+
+    A plain install runs the step scripts in order; an extension install runs
+    ALTER EXTENSION pgdq UPDATE (the server needs the new extension files).
+    Concurrent upgrades of one database take turns.
+    """
+    try:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('pgdq upgrade'))")
+            installed = installed_version(conn, schema)
+            if installed is None:
+                raise PgdqError(f"pgdq is not installed in schema {schema}")
+            try:
+                steps = upgrade_steps(installed, VERSION)
+            except ValueError as e:
+                raise PgdqError(str(e)) from e
+            if steps and extension_schema(conn) == schema:
+                conn.execute(sql.SQL("ALTER EXTENSION pgdq UPDATE TO {}").format(sql.Literal(VERSION)))
+            else:
+                for _, _, script in steps:
+                    conn.execute(plain_sql(script.read_text(), schema).encode())
+    except psycopg.Error as e:
+        raise translate(e) from e
+    return [(old, new) for old, new, _ in steps]

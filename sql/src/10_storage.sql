@@ -69,13 +69,35 @@ CREATE TYPE dq_delivery AS (
     lease_until timestamptz
 );
 
+-- The time dq.now pins the clock to (STRICT: never called when it is unset);
+-- 22023 unless it is a finite timestamp.
+CREATE FUNCTION dq__pinned_now(setting text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE STRICT
+AS $$
+DECLARE
+    v_at timestamptz;
+BEGIN
+    BEGIN
+        v_at := setting::pg_catalog.timestamptz;
+    EXCEPTION WHEN data_exception THEN  -- unparsable or out of range
+        v_at := NULL;
+    END;
+    IF v_at IS NULL OR NOT pg_catalog.isfinite(v_at) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('pgdq: dq.now must be a finite timestamp, got %L', setting);
+    END IF;
+    RETURN v_at;
+END
+$$;
+
 -- The one clock: dq.now when set and non-empty (tests), else the wall clock.
 -- Schema-qualified rather than pinned, so that it inlines into its callers.
 CREATE FUNCTION dq_now() RETURNS timestamptz
 LANGUAGE sql VOLATILE
 AS $$
     SELECT coalesce(
-        nullif(pg_catalog.current_setting('dq.now', true), '')::pg_catalog.timestamptz,
+        @extschema@.dq__pinned_now(nullif(pg_catalog.current_setting('dq.now', true), '')),
         pg_catalog.clock_timestamp()
     )
 $$;
@@ -84,7 +106,7 @@ $$;
 CREATE FUNCTION dq_version() RETURNS text
 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT '1.0.0'::text $$;
+AS $$ SELECT '1.1.0'::text $$;
 
 -- Per-queue settings; a queue without a row has the defaults.
 CREATE TABLE dq_queues (

@@ -72,20 +72,85 @@ BEGIN
 END
 $$;
 
--- Raise 22004/22023 unless lease is a positive interval.
-CREATE FUNCTION dq__check_lease(lease interval) RETURNS void
+-- True when a lease taken at now_at ends after now_at, within the timestamp
+-- range (see api-v1.1). Hot paths test this (it inlines) and call
+-- dq__check_lease only when it fails; CASE keeps the sum from overflowing.
+CREATE FUNCTION dq__valid_lease(lease interval, now_at timestamptz) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN lease OPERATOR(pg_catalog.>) '0'::pg_catalog.interval
+            AND lease OPERATOR(pg_catalog.<) '1000 years'::pg_catalog.interval
+            AND now_at OPERATOR(pg_catalog.<) '100000-01-01'::pg_catalog.timestamptz
+            THEN (now_at OPERATOR(pg_catalog.+) lease) OPERATOR(pg_catalog.>) now_at
+        ELSE FALSE
+    END
+$$;
+
+-- Raise 22004/22023 unless a lease taken at now_at ends after now_at and
+-- within the timestamp range.
+CREATE FUNCTION dq__check_lease(lease interval, now_at timestamptz) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 AS $$
+DECLARE
+    v_until timestamptz;
 BEGIN
-    IF lease IS NULL THEN
-        RAISE EXCEPTION USING
-            ERRCODE = '22004',
-            MESSAGE = 'pgdq: lease must not be NULL';
-    END IF;
+    PERFORM @extschema@.dq__not_null(lease, 'lease');
     IF lease OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
             MESSAGE = pg_catalog.format('pgdq: lease must be positive, got %s', lease);
+    END IF;
+    BEGIN
+        v_until := now_at OPERATOR(pg_catalog.+) lease;
+    EXCEPTION WHEN datetime_field_overflow THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('pgdq: lease %s ends beyond the timestamp range', lease);
+    END;
+    IF v_until OPERATOR(pg_catalog.<=) now_at THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format(
+                'pgdq: lease must end after now, but %s from %s ends at %s', lease, now_at, v_until
+            );
+    END IF;
+END
+$$;
+
+-- Raise 22023 naming the argument when at is infinite (NULL passes).
+CREATE FUNCTION dq__check_finite(at timestamptz, arg_name text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF NOT pg_catalog.isfinite(at) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('pgdq: %s must be a finite time, got %s', arg_name, at);
+    END IF;
+END
+$$;
+
+-- Raise 22023 naming the first infinite element of ats (NULL ones pass).
+CREATE FUNCTION dq__check_finite_elements(ats timestamptz[], arg_name text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_bad bigint;
+BEGIN
+    -- the usual batch has none: two scans in C before any unnest
+    IF 'infinity'::pg_catalog.timestamptz OPERATOR(pg_catalog.=) ANY(ats)
+        OR '-infinity'::pg_catalog.timestamptz OPERATOR(pg_catalog.=) ANY(ats) THEN
+        SELECT a.ord INTO v_bad
+        FROM pg_catalog.unnest(ats) WITH ORDINALITY AS a (at, ord)
+        WHERE NOT pg_catalog.isfinite(a.at)
+        ORDER BY a.ord
+        LIMIT 1;
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format(
+                'pgdq: %s[%s] must be a finite time, got %s', arg_name, v_bad, ats[v_bad]
+            );
     END IF;
 END
 $$;

@@ -20,6 +20,23 @@ CREATE FUNCTION dq__wake(queue text) RETURNS void
 LANGUAGE sql VOLATILE
 AS $$ SELECT pg_catalog.pg_notify('dq_wakeup', queue) $$;
 
+-- Wake idle consumers of queue (dq__wake) when a message this statement
+-- wrote, due at written_at, is due no later than every other message of the
+-- queue it can see: only then could a consumer sleeping until dq_next_due
+-- oversleep. Writes behind the head stay silent, so busy producers do not
+-- serialise on the server's notification lock (api-v1.1 wake-ups).
+CREATE FUNCTION dq__wake_if_head(queue text, written_at timestamptz) RETURNS void
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT @extschema@.dq__wake(dq__wake_if_head.queue)
+    WHERE dq__wake_if_head.written_at OPERATOR(pg_catalog.<=) (
+        SELECT m.due_at FROM @extschema@.dq_messages AS m
+        WHERE m.queue OPERATOR(pg_catalog.=) dq__wake_if_head.queue
+        ORDER BY m.due_at
+        LIMIT 1
+    )
+$$;
+
 -- Offer one message: 'created', 'updated' or 'ignored' (see api-v1).
 CREATE FUNCTION dq_offer(
     queue text,
@@ -42,11 +59,13 @@ BEGIN
     IF NOT dq__valid_name(dq_offer.queue, 100)
         OR NOT dq__valid_name(dq_offer.key, 200)
         OR dq_offer.payload IS NULL
-        OR dq_offer.can_update IS NULL THEN
+        OR dq_offer.can_update IS NULL
+        OR NOT coalesce(isfinite(dq_offer.scheduled_at), TRUE) THEN
         PERFORM dq__check_queue(dq_offer.queue);
         PERFORM dq__check_name(dq_offer.key, 'key', 200);
         PERFORM dq__not_null(dq_offer.payload, 'payload');
         PERFORM dq__not_null(dq_offer.can_update, 'can_update');
+        PERFORM dq__check_finite(dq_offer.scheduled_at, 'scheduled_at');
     END IF;
 
     -- ON CONFLICT makes concurrent offers of one key wait for each other
@@ -73,7 +92,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 'ignored';
     END IF;
-    PERFORM dq__wake(dq_offer.queue);
+    PERFORM dq__wake_if_head(dq_offer.queue, v_at);
     RETURN CASE WHEN v_inserted THEN 'created' ELSE 'updated' END;
 END
 $$;
@@ -209,6 +228,7 @@ BEGIN
     END IF;
     PERFORM dq__check_elements(keys, 'keys');
     PERFORM dq__check_elements(payloads, 'payloads');
+    PERFORM dq__check_finite_elements(scheduled_ats, 'scheduled_ats');
     SELECT k.ord INTO v_bad
     FROM unnest(keys) WITH ORDINALITY AS k (k, ord)
     WHERE length(k.k) NOT BETWEEN 1 AND 200
@@ -246,6 +266,7 @@ DECLARE
     v_new text[];
     v_created integer := 0;
     v_updated integer := 0;
+    v_first_at timestamptz;  -- the earliest due time written
     v_stored_keys text[] := '{}';
     v_stored_payloads jsonb[];
     v_stored_ats timestamptz[];
@@ -285,10 +306,12 @@ BEGIN
         ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO UPDATE
             SET payload = m.payload
             WHERE FALSE
-        RETURNING m.key
+        RETURNING m.key, m.due_at
     )
 
-    SELECT coalesce(array_agg(inserted.key), '{}') INTO v_new FROM inserted;
+    SELECT coalesce(array_agg(inserted.key), '{}'), min(inserted.due_at)
+    INTO v_new, v_first_at
+    FROM inserted;
     v_created := cardinality(v_new);
 
     IF v_created < cardinality(v_keys) THEN
@@ -305,25 +328,31 @@ BEGIN
     END IF;
 
     IF cardinality(v_stored_keys) > 0 THEN
-        UPDATE dq_messages AS m
-        SET payload = c.final_payload,
-            scheduled_at = c.final_at,
-            due_at = c.final_at,
-            created_at = v_now,
-            attempts = 0,
-            state = NULL,
-            lock_token = NULL
-        FROM dq__offer_chain(
-            keys, payloads, scheduled_ats, can_update, v_now,
-            v_stored_keys, v_stored_payloads, v_stored_ats
-        ) AS c
-        WHERE c.is_last AND c.had_stored AND c.key_written
-            AND m.queue = v_queue AND m.key = c.elem_key;
-        GET DIAGNOSTICS v_updated = ROW_COUNT;
+        WITH updated AS (
+            UPDATE dq_messages AS m
+            SET payload = c.final_payload,
+                scheduled_at = c.final_at,
+                due_at = c.final_at,
+                created_at = v_now,
+                attempts = 0,
+                state = NULL,
+                lock_token = NULL
+            FROM dq__offer_chain(
+                keys, payloads, scheduled_ats, can_update, v_now,
+                v_stored_keys, v_stored_payloads, v_stored_ats
+            ) AS c
+            WHERE c.is_last AND c.had_stored AND c.key_written
+                AND m.queue = v_queue AND m.key = c.elem_key
+            RETURNING m.due_at
+        )
+
+        SELECT count(*), least(v_first_at, min(updated.due_at))
+        INTO v_updated, v_first_at
+        FROM updated;
     END IF;
 
     IF v_created + v_updated > 0 THEN
-        PERFORM dq__wake(v_queue);
+        PERFORM dq__wake_if_head(v_queue, v_first_at);
     END IF;
 
     IF v_distinct AND cardinality(v_stored_keys) = 0 THEN

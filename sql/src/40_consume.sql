@@ -20,10 +20,10 @@ DECLARE
 BEGIN
     IF NOT dq__valid_name(v_queue, 100)
         OR max_count IS NULL
-        OR NOT coalesce(lease > interval '0', FALSE) THEN
+        OR NOT dq__valid_lease(lease, v_now) THEN
         PERFORM dq__check_queue(v_queue);
         PERFORM dq__not_null(max_count, 'max_count');
-        PERFORM dq__check_lease(lease);
+        PERFORM dq__check_lease(lease, v_now);
     END IF;
     IF max_count <= 0 THEN
         RETURN;
@@ -176,14 +176,22 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := dq_now();
+    v_queue text;
+    v_due_at timestamptz;
 BEGIN
     UPDATE dq_messages AS m
     SET lock_token = NULL,
         due_at = coalesce(dq_nack.retry_at, v_now),
         state = coalesce(dq_nack.state, m.state)
     WHERE m.id = dq__token_id(dq_nack.lock_token)
-        AND m.lock_token = dq_nack.lock_token;
-    RETURN FOUND;
+        AND m.lock_token = dq_nack.lock_token
+    RETURNING m.queue, m.due_at INTO v_queue, v_due_at;
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    -- a message handed back before the queue's head wakes idle consumers
+    PERFORM dq__wake_if_head(v_queue, v_due_at);
+    RETURN TRUE;
 END
 $$;
 
@@ -201,7 +209,9 @@ DECLARE
     v_now timestamptz := dq_now();
     v_until timestamptz;
 BEGIN
-    PERFORM dq__check_lease(lease);
+    IF NOT dq__valid_lease(lease, v_now) THEN
+        PERFORM dq__check_lease(lease, v_now);
+    END IF;
     UPDATE dq_messages AS m
     SET due_at = v_now + lease
     WHERE m.id = dq__token_id(dq_extend.lock_token)

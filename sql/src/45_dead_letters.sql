@@ -132,6 +132,7 @@ BEGIN
     IF v_key IS NOT NULL THEN
         PERFORM dq__check_name(v_key, 'key', 200);
     END IF;
+    PERFORM dq__check_finite(dq_dead_redrive.scheduled_at, 'scheduled_at');
     -- Key order, like every multi-row writer, so none of them deadlock.
     -- Keys with a live message are left alone, and are filtered out before
     -- any lock is taken: a poll burying such a key holds the message and
@@ -168,7 +169,7 @@ BEGIN
 
     SELECT count(*) INTO v_count FROM removed;
     IF v_count > 0 THEN
-        PERFORM dq__wake(v_queue);
+        PERFORM dq__wake_if_head(v_queue, v_at);
     END IF;
     RETURN v_count;
 END
@@ -187,9 +188,19 @@ BEGIN
     IF dq_dead_purge.key IS NOT NULL THEN
         PERFORM dq__check_name(dq_dead_purge.key, 'key', 200);
     END IF;
+    -- Locks in key order, like every multi-row writer (a poll burying
+    -- messages upserts their dead letters in key order), so none deadlock.
+    WITH doomed AS (
+        SELECT d.key FROM dq_dead_letters AS d
+        WHERE d.queue = dq_dead_purge.queue
+            AND (dq_dead_purge.key IS NULL OR d.key = dq_dead_purge.key)
+        ORDER BY d.key
+        FOR UPDATE
+    )
+
     DELETE FROM dq_dead_letters AS d
-    WHERE d.queue = dq_dead_purge.queue
-        AND (dq_dead_purge.key IS NULL OR d.key = dq_dead_purge.key);
+    USING doomed
+    WHERE d.queue = dq_dead_purge.queue AND d.key = doomed.key;
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
     RETURN v_deleted;
 END

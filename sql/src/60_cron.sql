@@ -31,11 +31,13 @@ AS $$
         )
 $$;
 
--- Delete the not-leased occurrences under key_prefix/, all of them or only
--- those whose config hash is (keep = false) or is not (keep = true) the given
--- one; the count deleted.
+-- Delete the not-leased occurrences under key_prefix/ whose keys are in
+-- [p_from, p_below) (NULL: unbounded), all of them or only those whose config
+-- hash is (keep = false) or is not (keep = true) the given one; the count
+-- deleted. Rows are locked in key order, like every multi-row writer.
 CREATE FUNCTION dq__cron_delete(
-    p_queue text, p_prefix text, p_hash text, p_keep_hash boolean
+    p_queue text, p_prefix text, p_hash text, p_keep_hash boolean,
+    p_from text DEFAULT NULL, p_below text DEFAULT NULL
 ) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp
@@ -51,8 +53,8 @@ BEGIN
         SELECT m.id
         FROM dq_messages AS m
         WHERE m.queue = p_queue
-            AND m.key >= p_prefix || '/'
-            AND m.key < p_prefix || '0'
+            AND m.key >= greatest(p_prefix || '/', p_from)
+            AND m.key < least(p_prefix || '0', p_below)
             AND NOT (m.lock_token IS NOT NULL AND m.due_at > v_now)
             AND (
                 p_hash IS NULL
@@ -62,6 +64,7 @@ BEGIN
         ORDER BY m.key
         FOR UPDATE
     )
+
     DELETE FROM dq_messages AS m
     USING doomed AS d
     WHERE m.id = d.id;
@@ -90,6 +93,8 @@ DECLARE
     v_payloads jsonb[];
     v_ats timestamptz[];
     v_created integer;
+    v_range_start text;
+    v_range_end text;
 BEGIN
     PERFORM dq__check_queue(queue);
     PERFORM dq__check_key_part(key_prefix, 'key_prefix', 100);
@@ -109,8 +114,18 @@ BEGIN
     END IF;
     PERFORM dq__check_elements(scheduled_ats, 'scheduled_ats');
     PERFORM dq__check_elements(payloads, 'payloads');
+    PERFORM dq__check_finite_elements(scheduled_ats, 'scheduled_ats');
 
-    PERFORM dq__cron_delete(queue, key_prefix, config_hash, true);
+    -- Installers of one prefix take turns, so the last one to run sees (and
+    -- replaces) everything the one before it wrote.
+    PERFORM pg_advisory_xact_lock(hashtextextended(queue || '/' || key_prefix, 0));
+    -- This configuration's keys are the range [prefix/hash/, prefix/hash0).
+    -- Other configurations' occurrences below it are deleted first, this
+    -- one's are offered, then those above it are deleted: one ascending key
+    -- order, the order every multi-row writer locks in, so none deadlock.
+    v_range_start := key_prefix || '/' || config_hash || '/';
+    v_range_end := key_prefix || '/' || config_hash || '0';
+    PERFORM dq__cron_delete(queue, key_prefix, config_hash, true, NULL, v_range_start);
 
     -- Occurrences at or before now are skipped: already due means already
     -- (being) processed, and must never be installed again.
@@ -124,6 +139,7 @@ BEGIN
 
     SELECT count(*) FILTER (WHERE r.outcome = 'created') INTO v_created
     FROM dq_offer_many(queue, v_keys, v_payloads, v_ats, can_update) AS r;
+    PERFORM dq__cron_delete(queue, key_prefix, config_hash, true, v_range_end, NULL);
     RETURN v_created;
 END
 $$;

@@ -123,7 +123,7 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$
 DECLARE
-    v_fields text[] := regexp_split_to_array(btrim(expression), '\s+');
+    v_fields text[];
     v_seconds integer[];
     v_minutes integer[];
     v_hours integer[];
@@ -144,6 +144,12 @@ BEGIN
     PERFORM dq__not_null(expression, 'expression');
     PERFORM dq__not_null(after, 'after');
     PERFORM dq__not_null(timezone, 'timezone');
+    PERFORM dq__check_finite(after, 'after');
+    IF length(expression) > 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('pgdq: expression must be at most 1000 characters, got %s', length(expression));
+    END IF;
+    v_fields := regexp_split_to_array(btrim(expression), '\s+');
     IF cardinality(v_fields) = 5 THEN
         v_fields := '0'::text || v_fields;
     ELSIF cardinality(v_fields) <> 6 THEN

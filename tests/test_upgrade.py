@@ -1,0 +1,283 @@
+"""Upgrades in place: 1.0.0 (as released, sql/pgdq--1.0.0.sql) plus the step
+scripts equals a fresh install object for object; a live 1.0.0 database keeps
+every message, lease, token, schedule and dead letter through ALTER EXTENSION
+UPDATE and `pgdq upgrade`; pg_dump + restore of an extension install keeps the
+messages and the id sequence."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pgdq
+import psycopg
+import pytest
+from conftest import dsn, recreate_database
+from pgdq import install
+from pgdq._script import quote_ident, released_install_script
+from pgdq.install import upgrade
+
+FIRST_RELEASE = "1.0.0"
+TABLES = ("dq_messages", "dq_dead_letters", "dq_schedules", "dq_queues")
+
+Conn = psycopg.Connection[Any]
+
+
+def install_released(conn: Conn, kind: str, schema: str = "public") -> None:
+    """Install pgdq 1.0.0 exactly as released: the extension, or its script as a plain install."""
+    if kind == "extension":
+        conn.execute(f"CREATE EXTENSION pgdq SCHEMA {quote_ident(schema)} VERSION '{FIRST_RELEASE}'")
+        return
+    with conn.transaction():
+        conn.execute(released_install_script(FIRST_RELEASE, schema).encode())
+
+
+def upgrade_to_current(conn: Conn, kind: str, schema: str = "public") -> None:
+    """ALTER EXTENSION pgdq UPDATE, or the plain upgrade `pgdq upgrade` runs."""
+    if kind == "extension":
+        conn.execute("ALTER EXTENSION pgdq UPDATE")
+    else:
+        assert upgrade(conn, schema) == [(FIRST_RELEASE, pgdq.__version__)]
+
+
+@pytest.fixture
+def scratch(database: str) -> Iterator[str]:
+    """An empty database of this test's own; its conninfo."""
+    recreate_database("pgdq_upgrade")
+    yield dsn("pgdq_upgrade")
+    recreate_database("pgdq_upgrade")
+
+
+# -- the schema an upgrade leaves equals a fresh install ----------------------
+
+CATALOG_QUERY = """
+WITH objects AS (
+    SELECT 'function ' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')' AS object,
+        pg_get_functiondef(p.oid) || coalesce(' -- ' || obj_description(p.oid, 'pg_proc'), '') AS definition
+    FROM pg_proc p WHERE p.pronamespace = %(nsp)s::regnamespace
+    UNION ALL
+    SELECT 'relation ' || c.relname, c.relkind::text || ' ' || coalesce(c.reloptions::text, '')
+        || coalesce(' -- ' || obj_description(c.oid, 'pg_class'), '')
+    FROM pg_class c WHERE c.relnamespace = %(nsp)s::regnamespace
+    UNION ALL
+    SELECT 'column ' || c.relname || '.' || a.attname,
+        format_type(a.atttypid, a.atttypmod) || ' notnull=' || a.attnotnull || ' identity=' || a.attidentity::text
+        || ' collation=' || coalesce(co.collname, '') || ' default=' || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
+        || ' position=' || a.attnum
+    FROM pg_class c
+    JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+    LEFT JOIN pg_collation co ON co.oid = a.attcollation AND a.attcollation <> 100
+    LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+    WHERE c.relnamespace = %(nsp)s::regnamespace
+    UNION ALL
+    SELECT 'index ' || i.relname, pg_get_indexdef(i.oid)
+    FROM pg_class i WHERE i.relnamespace = %(nsp)s::regnamespace AND i.relkind = 'i'
+    UNION ALL
+    SELECT 'constraint ' || conname, pg_get_constraintdef(k.oid)
+    FROM pg_constraint k WHERE k.connamespace = %(nsp)s::regnamespace
+    UNION ALL
+    SELECT 'type ' || t.typname, t.typtype::text
+    FROM pg_type t WHERE t.typnamespace = %(nsp)s::regnamespace AND t.typname NOT LIKE '\\_%%'
+    UNION ALL
+    SELECT 'extension member ' || pg_describe_object(d.classid, d.objid, 0), d.deptype::text
+    FROM pg_depend d JOIN pg_extension e ON d.refobjid = e.oid
+    WHERE d.refclassid = 'pg_extension'::regclass AND e.extname = 'pgdq' AND d.deptype = 'e'
+    UNION ALL
+    SELECT 'pg_dump keeps ' || x.oid::regclass::text, 'config'
+    FROM pg_extension e, unnest(e.extconfig) AS x (oid) WHERE e.extname = 'pgdq'
+)
+SELECT object, definition FROM objects ORDER BY object
+"""
+
+
+def catalog(conn: Conn, schema: str) -> dict[str, str]:
+    """Every pgdq object in schema with its definition, the schema name replaced by SCHEMA."""
+    rows = conn.execute(CATALOG_QUERY, {"nsp": quote_ident(schema)}).fetchall()
+    return {obj.replace(schema, "SCHEMA"): str(definition).replace(schema, "SCHEMA") for obj, definition in rows}
+
+
+def assert_same_catalog(upgraded: dict[str, str], fresh: dict[str, str]) -> None:
+    """Equal, or a readable list of what differs."""
+    differences = [
+        f"{key}:\n  upgraded: {upgraded.get(key)}\n  fresh:    {fresh.get(key)}"
+        for key in sorted(upgraded.keys() | fresh.keys())
+        if upgraded.get(key) != fresh.get(key)
+    ]
+    assert not differences, "1.0.0 + upgrade differs from a fresh install:\n" + "\n".join(differences[:10])
+    assert len(fresh) > 100
+
+
+def test_extension_upgrade_equals_a_fresh_install(database: str, scratch: str) -> None:
+    recreate_database("pgdq_upgrade_fresh")
+    with psycopg.connect(scratch, autocommit=True) as old, psycopg.connect(dsn("pgdq_upgrade_fresh")) as new:
+        install_released(old, "extension")
+        upgrade_to_current(old, "extension")
+        new.execute("CREATE EXTENSION pgdq")
+        assert_same_catalog(catalog(old, "public"), catalog(new, "public"))
+    recreate_database("pgdq_upgrade_fresh")
+
+
+def test_plain_upgrade_equals_a_fresh_install(scratch: str) -> None:
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        install_released(conn, "plain", "queue_upgraded")
+        upgrade_to_current(conn, "plain", "queue_upgraded")
+        install(conn, "queue_freshly")
+        assert_same_catalog(catalog(conn, "queue_upgraded"), catalog(conn, "queue_freshly"))
+
+
+def test_the_catalog_comparison_sees_a_changed_function(scratch: str) -> None:
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        install(conn, "queue_a")
+        install(conn, "queue_b")
+        conn.execute("CREATE OR REPLACE FUNCTION queue_b.dq_version() RETURNS text LANGUAGE sql AS $$ SELECT '0' $$")
+        with pytest.raises(AssertionError, match="function dq_version"):
+            assert_same_catalog(catalog(conn, "queue_a"), catalog(conn, "queue_b"))
+
+
+# -- a live 1.0.0 database upgrades with everything in it ---------------------
+
+
+def fill(conn: Conn, consumer: Conn) -> tuple[Any, set[str]]:
+    """Messages in every condition; the lock token the consumer holds and the keys a drain must see."""
+    now = datetime.now(UTC)
+    conn.execute("SELECT dq_configure('live', 5)")
+    conn.execute(
+        "SELECT count(*) FROM dq_offer_many('live', %s, %s::jsonb[], %s)",
+        (
+            ["leased", "nacked", "dead", "due-1", "due-2", "later"],
+            ['{"n": 1}', '{"n": 2}', '{"n": 3}', '"due"', "[1, 2]", "null"],
+            [*(now - timedelta(days=d) for d in (3, 2, 1)), now, now, now + timedelta(hours=1)],
+        ),
+    )
+    token = consumer.execute("SELECT lock_token FROM dq_poll('live', '10 minutes')").fetchone()
+    assert token is not None  # 'leased', held by a consumer that stays connected
+    conn.execute("""SELECT dq_nack(lock_token, now() - interval '1 minute', '{"step": 2}') FROM dq_poll('live')""")
+    conn.execute("SELECT dq_dead_letter(lock_token, 'boom') FROM dq_poll('live')")
+    conn.execute("SELECT dq_schedule_set('live', 'nightly', '0 2 * * *', 'Europe/Bucharest', '{\"report\": 1}')")
+    occurrences = [now + timedelta(hours=1, minutes=i) for i in (1, 2)]
+    conn.execute("SELECT dq_cron_install('live', 'reminder', 'h1', %s, ARRAY['1', '2']::jsonb[])", (occurrences,))
+    keys = {"nacked", "due-1", "due-2", "later"} | {
+        f"reminder/h1/{at.astimezone(UTC):%Y%m%dT%H%M%S.%fZ}" for at in occurrences
+    }
+    return token[0], keys
+
+
+def snapshot(conn: Conn) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every pgdq table, in a stable order."""
+    return {table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall() for table in TABLES}
+
+
+@pytest.mark.parametrize("kind", ["extension", "plain"])
+def test_a_live_database_upgrades_with_everything_in_it(scratch: str, kind: str) -> None:
+    with psycopg.connect(scratch, autocommit=True) as conn, psycopg.connect(scratch, autocommit=True) as consumer:
+        install_released(conn, kind)
+        token, keys = fill(conn, consumer)
+        before = snapshot(conn)
+        assert [len(before[table]) for table in TABLES] == [7, 1, 1, 1]
+
+        upgrade_to_current(conn, kind)  # while the consumer holds its lease
+
+        assert conn.execute("SELECT dq_version()").fetchone() == (pgdq.__version__,)
+        assert snapshot(conn) == before, "the upgrade changed no row"
+        assert consumer.execute("SELECT dq_extend(%s, '1 minute') IS NOT NULL", (token,)).fetchone() == (True,)
+        assert consumer.execute("SELECT dq_ack(%s)", (token,)).fetchone() == (True,), "the old token still acks"
+
+        conn.execute("SELECT set_config('dq.now', %s, false)", (str(datetime.now(UTC) + timedelta(hours=2)),))
+        drained = conn.execute("SELECT key, state, attempts, lock_token FROM dq_poll_many('live', 100)").fetchall()
+        delivered = [key for key, *_ in drained if not key.startswith("nightly/")]
+        assert sorted(delivered) == sorted(keys), "nothing lost, nothing duplicated"
+        assert ("nacked", {"step": 2}, 2) in [row[:3] for row in drained], "the nack's state and attempts survived"
+        tokens = [row[3] for row in drained]
+        assert conn.execute("SELECT dq_ack_many(%s)", (tokens,)).fetchone() == (len(tokens),)
+        assert conn.execute("SELECT dq_dead_redrive('live')").fetchone() == (1,), "the dead letter survived"
+        assert conn.execute("SELECT name FROM dq_schedules('live')").fetchall() == [("nightly",)]
+        assert conn.execute("SELECT max_attempts FROM dq_queues").fetchall() == [(5,)]
+        conn.execute("SELECT dq_offer('live', 'new', '1')")
+        new_id = conn.execute("SELECT id FROM dq_messages WHERE key = 'new'").fetchone()
+        assert new_id is not None and new_id[0] > max(row[0] for row in before["dq_messages"]), "ids kept counting"
+
+
+# -- the command ---------------------------------------------------------------
+
+
+def pgdq_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pgdq", *args], check=False, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("kind", ["extension", "plain"])
+def test_pgdq_upgrade_says_what_it_did_and_nothing_when_current(scratch: str, kind: str) -> None:
+    schema = 'app "queues"' if kind == "plain" else "public"
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        install_released(conn, kind, schema)
+        conn.execute(f"SELECT {quote_ident(schema)}.dq_offer('q', 'k', '1')")
+    done = pgdq_cli("upgrade", "--dsn", scratch, "--schema", schema)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"pgdq upgraded in schema {schema}: {FIRST_RELEASE} -> {pgdq.__version__}"
+    again = pgdq_cli("upgrade", "--dsn", scratch, "--schema", schema)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == f"pgdq {pgdq.__version__} is already current in schema {schema}; nothing to do"
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        ident = quote_ident(schema)
+        assert conn.execute(f"SELECT {ident}.dq_version(), key FROM {ident}.dq_poll('q')").fetchone() == (
+            pgdq.__version__,
+            "k",
+        )
+    missing = pgdq_cli("upgrade", "--dsn", scratch, "--schema", "nowhere")
+    assert missing.returncode == 3 and "not installed" in missing.stderr
+
+
+# -- pg_dump and restore -----------------------------------------------------------
+
+
+def pg_tool(name: str, *args: str) -> None:
+    bindir = subprocess.run(["pg_config", "--bindir"], check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run([str(Path(bindir) / name), *args], check=True, capture_output=True, env=os.environ)
+
+
+@pytest.mark.parametrize("kind", ["fresh", "upgraded"])
+def test_dump_and_restore_keep_messages_and_ids(scratch: str, tmp_path: Path, kind: str) -> None:
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        if kind == "fresh":
+            conn.execute("CREATE EXTENSION pgdq")
+        else:
+            install_released(conn, "extension")
+            upgrade_to_current(conn, "extension")
+        token, _ = fill(conn, conn)
+        before = snapshot(conn)
+    dump = tmp_path / "app.dump"
+    pg_tool("pg_dump", "-Fc", "-f", str(dump), "-d", scratch)
+    recreate_database("pgdq_restored")
+    try:
+        pg_tool("pg_restore", "-d", dsn("pgdq_restored"), str(dump))
+        with psycopg.connect(dsn("pgdq_restored"), autocommit=True) as restored:
+            assert snapshot(restored) == before
+            assert restored.execute("SELECT dq_ack(%s)", (token,)).fetchone() == (True,), "tokens survive"
+            restored.execute("SELECT dq_offer('live', 'after-restore', '1')")
+            new_id = restored.execute("SELECT id FROM dq_messages WHERE key = 'after-restore'").fetchone()
+            assert new_id is not None and new_id[0] > max(row[0] for row in before["dq_messages"]), "no id reused"
+    finally:
+        recreate_database("pgdq_restored")
+
+
+def test_upgrade_heals_ids_of_a_database_restored_from_a_1_0_0_dump(scratch: str, tmp_path: Path) -> None:
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        install_released(conn, "extension")
+        conn.execute("SELECT dq_offer('q', 'a', '1'), dq_offer('q', 'b', '1')")
+    dump = tmp_path / "old.dump"
+    pg_tool("pg_dump", "-Fc", "-f", str(dump), "-d", scratch)
+    recreate_database("pgdq_restored")
+    try:
+        with psycopg.connect(dsn("pgdq_restored"), autocommit=True) as restored:
+            install_released(restored, "extension")  # 1.0.0's dump carries no sequence position
+            pg_tool("pg_restore", "-d", dsn("pgdq_restored"), str(dump))
+            with pytest.raises(psycopg.errors.UniqueViolation):
+                restored.execute("SELECT dq_offer('q', 'c', '1')")
+            upgrade_to_current(restored, "extension")
+            assert restored.execute("SELECT dq_offer('q', 'c', '1')").fetchone() == ("created",)
+    finally:
+        recreate_database("pgdq_restored")
