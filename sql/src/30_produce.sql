@@ -26,15 +26,19 @@ AS $$ SELECT pg_catalog.pg_notify('dq_wakeup', queue) $$;
 -- oversleep. Writes behind the head stay silent, so busy producers do not
 -- serialise on the server's notification lock (api-v1.1 wake-ups).
 CREATE FUNCTION dq__wake_if_head(queue text, written_at timestamptz) RETURNS void
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 AS $$
-    SELECT @extschema@.dq__wake(dq__wake_if_head.queue)
-    WHERE dq__wake_if_head.written_at OPERATOR(pg_catalog.<=) (
+BEGIN
+    -- plpgsql, not sql: its plan is cached per session instead of planned per call
+    IF written_at OPERATOR(pg_catalog.<=) (
         SELECT m.due_at FROM @extschema@.dq_messages AS m
         WHERE m.queue OPERATOR(pg_catalog.=) dq__wake_if_head.queue
         ORDER BY m.due_at
         LIMIT 1
-    )
+    ) THEN
+        PERFORM @extschema@.dq__wake(queue);
+    END IF;
+END
 $$;
 
 -- Offer one message: 'created', 'updated' or 'ignored' (see api-v1).
