@@ -1,7 +1,7 @@
 -- dq_ack, dq_ack_many, dq_nack, dq_extend: current vs stale tokens, NULLs,
 -- retry times, checkpoints, heartbeats; dq_ack_poll.
 BEGIN;
-SELECT plan(47);
+SELECT plan(48);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 SELECT dq_offer_many('t_ack', ARRAY['a', 'b', 'c', 'd', 'e'], ARRAY['1', '2', '3', '4', '5']::jsonb[]);
@@ -113,6 +113,10 @@ SELECT ok(dq_nack((SELECT lock_token FROM n2)), 'nack without retry_at or state'
 SELECT is((SELECT due_at FROM dq_get('t_nack', 'n')), '2024-01-01 11:00:00+00'::timestamptz, 'a NULL retry_at means now');
 SELECT is((SELECT state FROM dq_get('t_nack', 'n')), '{"step": 1}'::jsonb, 'a NULL state keeps the checkpoint');
 SELECT ok(NOT dq_nack(NULL), 'dq_nack(NULL) is false');
+SELECT throws_ok(
+    format('SELECT dq_nack(%L, %L)', (SELECT lock_token FROM n2), '-infinity'), '22023',
+    'pgdq: retry_at must be a finite time, got -infinity', 'an infinite retry_at is 22023'
+);
 
 -- cancelled while leased: the token is stale
 CREATE TEMP TABLE n3 AS SELECT * FROM dq_poll('t_nack', '1 minute');

@@ -48,7 +48,7 @@ AS $$ SELECT '1.1.0'::text $$;
 DROP FUNCTION dq__check_lease(interval);
 
 -- True when a lease taken at now_at ends after now_at, within the timestamp
--- range (see api-v1.1). Hot paths test this (it inlines) and call
+-- range (docs/sql-reference.md). Hot paths test this (it inlines) and call
 -- dq__check_lease only when it fails; CASE keeps the sum from overflowing.
 CREATE FUNCTION dq__valid_lease(lease interval, now_at timestamptz) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -135,7 +135,7 @@ $$;
 -- wrote, due at written_at, is due no later than every other message of the
 -- queue it can see: only then could a consumer sleeping until dq_next_due
 -- oversleep. Writes behind the head stay silent, so busy producers do not
--- serialise on the server's notification lock (api-v1.1 wake-ups).
+-- serialise on the server's notification lock (docs/sql-reference.md, Wake-ups).
 CREATE FUNCTION dq__wake_if_head(queue text, written_at timestamptz) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -152,7 +152,7 @@ BEGIN
 END
 $$;
 
--- Offer one message: 'created', 'updated' or 'ignored' (see api-v1).
+-- Offer one message: 'created', 'updated' or 'ignored' (docs/sql-reference.md).
 CREATE OR REPLACE FUNCTION dq_offer(
     queue text,
     key text,
@@ -212,7 +212,7 @@ BEGIN
 END
 $$;
 
--- Raise 22004/22023 unless the offer_many arrays are usable (see api-v1).
+-- Raise 22004/22023 unless the offer_many arrays are usable (docs/sql-reference.md).
 CREATE OR REPLACE FUNCTION dq__check_offer_arrays(
     keys text[], payloads jsonb[], scheduled_ats timestamptz[]
 ) RETURNS void
@@ -261,7 +261,7 @@ END
 $$;
 
 -- Offer a batch: one (key, outcome) row per element, in input order, exactly
--- as if dq_offer ran for each element in turn (see api-v1).
+-- as if dq_offer ran for each element in turn (docs/sql-reference.md).
 CREATE OR REPLACE FUNCTION dq_offer_many(
     queue text,
     keys text[],
@@ -494,6 +494,11 @@ DECLARE
     v_queue text;
     v_due_at timestamptz;
 BEGIN
+    -- an infinite retry time would park the message for ever (or, -infinity,
+    -- make dq_next_due and dq_stats report -infinity): refuse it
+    IF NOT coalesce(isfinite(dq_nack.retry_at), TRUE) THEN
+        PERFORM dq__check_finite(dq_nack.retry_at, 'retry_at');
+    END IF;
     UPDATE dq_messages AS m
     SET lock_token = NULL,
         due_at = coalesce(dq_nack.retry_at, v_now),
@@ -679,7 +684,7 @@ END
 $$;
 
 -- Replace key_prefix's pending occurrences of other configurations and offer
--- the future ones given; the number of occurrences created (see api-v1).
+-- the future ones given; the number of occurrences created (docs/sql-reference.md).
 CREATE OR REPLACE FUNCTION dq_cron_install(
     queue text,
     key_prefix text,

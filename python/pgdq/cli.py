@@ -80,8 +80,8 @@ def upgrade(dsn: str | None, schema: str) -> None:
             sys.exit(3)
         try:
             steps = upgrade_sql(conn, schema)
-        except PgdqError as e:
-            raise click.ClickException(str(e)) from e
+        except (PgdqError, psycopg.Error) as e:
+            raise click.ClickException(f"upgrade failed, nothing changed: {e}") from e
     if not steps:
         click.echo(f"pgdq {__version__} is already current in schema {schema}; nothing to do")
     else:

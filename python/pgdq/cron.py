@@ -8,7 +8,7 @@ occurrence is one message with an occurrence key: however many processes run
 the same schedule, each occurrence exists once; a changed configuration (a new
 hash) replaces the old one's pending occurrences; restarting with the same one
 creates nothing new. The first run may update occurrences (can_update true),
-later runs only add (false), as api-v1 intends.
+later runs only add (false), as the SQL API intends (docs/sql-reference.md).
 
     cron = CronService(Queue("reports", pool))
     cron.install_cron("daily-report", "0 2 * * *", "Europe/Bucharest", {"kind": "daily"})

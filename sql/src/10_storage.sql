@@ -54,7 +54,7 @@ CREATE INDEX dq_messages_due ON dq_messages (queue, due_at, id);
 COMMENT ON TABLE dq_messages IS
 'pgdq messages. Use the dq_* functions; the layout is internal and may change.';
 
--- What a poll hands to a consumer (api-v1).
+-- What a poll hands to a consumer (docs/sql-reference.md).
 CREATE TYPE dq_delivery AS (
     id bigint,
     queue text,

@@ -1,5 +1,5 @@
 -- Argument checks and lock tokens, shared by every public function.
--- Internal helpers are named dq__* (two underscores) and are not part of api-v1.
+-- Internal helpers are named dq__* (two underscores) and are not part of the SQL API.
 -- These helpers sit on every hot path, so instead of pinning search_path
 -- (a SET clause costs microseconds per call and blocks inlining) they
 -- schema-qualify every function and operator they use.
@@ -73,7 +73,7 @@ END
 $$;
 
 -- True when a lease taken at now_at ends after now_at, within the timestamp
--- range (see api-v1.1). Hot paths test this (it inlines) and call
+-- range (docs/sql-reference.md). Hot paths test this (it inlines) and call
 -- dq__check_lease only when it fails; CASE keeps the sum from overflowing.
 CREATE FUNCTION dq__valid_lease(lease interval, now_at timestamptz) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE

@@ -24,7 +24,7 @@ AS $$ SELECT pg_catalog.pg_notify('dq_wakeup', queue) $$;
 -- wrote, due at written_at, is due no later than every other message of the
 -- queue it can see: only then could a consumer sleeping until dq_next_due
 -- oversleep. Writes behind the head stay silent, so busy producers do not
--- serialise on the server's notification lock (api-v1.1 wake-ups).
+-- serialise on the server's notification lock (docs/sql-reference.md, Wake-ups).
 CREATE FUNCTION dq__wake_if_head(queue text, written_at timestamptz) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -41,7 +41,7 @@ BEGIN
 END
 $$;
 
--- Offer one message: 'created', 'updated' or 'ignored' (see api-v1).
+-- Offer one message: 'created', 'updated' or 'ignored' (docs/sql-reference.md).
 CREATE FUNCTION dq_offer(
     queue text,
     key text,
@@ -201,7 +201,7 @@ AS $$
         k AS (PARTITION BY judged.k)
 $$;
 
--- Raise 22004/22023 unless the offer_many arrays are usable (see api-v1).
+-- Raise 22004/22023 unless the offer_many arrays are usable (docs/sql-reference.md).
 CREATE FUNCTION dq__check_offer_arrays(
     keys text[], payloads jsonb[], scheduled_ats timestamptz[]
 ) RETURNS void
@@ -250,7 +250,7 @@ END
 $$;
 
 -- Offer a batch: one (key, outcome) row per element, in input order, exactly
--- as if dq_offer ran for each element in turn (see api-v1).
+-- as if dq_offer ran for each element in turn (docs/sql-reference.md).
 CREATE FUNCTION dq_offer_many(
     queue text,
     keys text[],

@@ -146,7 +146,7 @@ $$;
 
 -- Ack lock_tokens (as dq_ack_many), then poll (as dq_poll_many), in one
 -- statement: a batch consumer hands back its previous batch with its next
--- poll, one round trip per batch. An extension of api-v1.
+-- poll, one round trip per batch. An addition to version 1 of the SQL API.
 CREATE FUNCTION dq_ack_poll(
     lock_tokens uuid[],
     queue text,
@@ -179,6 +179,11 @@ DECLARE
     v_queue text;
     v_due_at timestamptz;
 BEGIN
+    -- an infinite retry time would park the message for ever (or, -infinity,
+    -- make dq_next_due and dq_stats report -infinity): refuse it
+    IF NOT coalesce(isfinite(dq_nack.retry_at), TRUE) THEN
+        PERFORM dq__check_finite(dq_nack.retry_at, 'retry_at');
+    END IF;
     UPDATE dq_messages AS m
     SET lock_token = NULL,
         due_at = coalesce(dq_nack.retry_at, v_now),

@@ -1,4 +1,4 @@
--- Dead letters and per-queue settings (additions to api-v1): give up on a
+-- Dead letters and per-queue settings (additions to version 1 of the SQL API): give up on a
 -- message, list, redrive and purge what was given up on, and cap the
 -- deliveries a message may get.
 

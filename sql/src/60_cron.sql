@@ -74,7 +74,7 @@ END
 $$;
 
 -- Replace key_prefix's pending occurrences of other configurations and offer
--- the future ones given; the number of occurrences created (see api-v1).
+-- the future ones given; the number of occurrences created (docs/sql-reference.md).
 CREATE FUNCTION dq_cron_install(
     queue text,
     key_prefix text,

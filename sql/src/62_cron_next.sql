@@ -1,5 +1,5 @@
 -- dq_cron_next: the next time a cron expression names, in a time zone (an
--- addition to api-v1). Standard 5 fields (minute hour day-of-month month
+-- addition to version 1 of the SQL API). Standard 5 fields (minute hour day-of-month month
 -- day-of-week) or 6 with a leading seconds field; lists, ranges, steps,
 -- month and day names. It agrees with croniter, DST edges included:
 --   * a matching wall time that a spring-forward gap skips fires once, at the

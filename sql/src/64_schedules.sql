@@ -1,4 +1,4 @@
--- Schedules kept by the database (additions to api-v1): a named cron
+-- Schedules kept by the database (additions to version 1 of the SQL API): a named cron
 -- schedule per queue whose occurrences the queue's own polls turn into
 -- messages with occurrence keys, exactly once however many consumers poll,
 -- with no scheduler process. dq_next_due counts the next occurrence, so an
