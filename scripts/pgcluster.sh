@@ -1,16 +1,41 @@
 #!/usr/bin/env bash
-# A throwaway PostgreSQL 15 cluster under the repo, for tests, demo and bench.
-#   scripts/pgcluster.sh start|stop|restart|crash-restart|status|env [NAME]
-# NAME (default "test") picks .pgdq/NAME and a port; `env` prints PG* exports.
+# A throwaway PostgreSQL 15 cluster per checkout, for tests, demo and bench.
+#   scripts/pgcluster.sh start|stop|restart|crash-restart|status|env|dir [NAME]
+# NAME (default "test") picks .pgdq/NAME and a port; `env` prints PG* exports,
+# `dir` the cluster's real directory (data, run, port, server.log, initdb.log).
 # initdb refuses to run as root, so as root the cluster belongs to `postgres`.
+# When postgres cannot reach .pgdq/NAME (a private checkout, e.g. under /root)
+# or its socket path would be too long, the cluster lives in
+# /var/tmp/pgdq-<sha256 of the checkout's path, 12 hex>/NAME instead, and
+# .pgdq/NAME is a symlink to it.
 set -euo pipefail
+umask 022 # directories we create must be traversable by postgres
 
-cmd=${1:?usage: pgcluster.sh start|stop|restart|crash-restart|status|env [NAME]}
+usage="usage: pgcluster.sh start|stop|restart|crash-restart|status|env|dir [NAME]"
+cmd=${1:?$usage}
 name=${2:-test}
-root=$(cd "$(dirname "$0")/.." && pwd)
+[[ $name =~ ^[A-Za-z0-9_-]+$ ]] || { echo "pgcluster: bad NAME '$name'" >&2; exit 2; }
+root=$(cd -P "$(dirname "$0")/.." && pwd)
 bindir=${PG_BINDIR:-$(pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)}
 [ -x "$bindir/initdb" ] || bindir=/usr/lib/postgresql/15/bin
-base="$root/.pgdq/$name"
+link="$root/.pgdq/$name"
+away="/var/tmp/pgdq-$(printf %s "$root" | sha256sum | cut -c1-12)/$name"
+
+# Can the server live in $1? Its socket path must fit (107 bytes), and as root
+# user postgres must reach it (checked on the nearest existing ancestor).
+usable() {
+  local dir=$1
+  [ "$(printf %s "$dir/run/.s.PGSQL.00000" | wc -c)" -le 107 ] || return 1
+  [ "$(id -u)" = 0 ] || return 0
+  until [ -e "$dir" ]; do dir=$(dirname "$dir"); done
+  runuser -u postgres -- test -x "$dir"
+}
+
+# The cluster's real directory (never a path through the symlink): a cluster
+# stays where it is; a new one goes to .pgdq/NAME if usable, else away.
+if [ -L "$link" ]; then base=$away
+elif [ -f "$link/data/PG_VERSION" ] || usable "$link"; then base=$link
+else base=$away; fi
 data="$base/data"
 sock="$base/run"
 case "$name" in
@@ -31,22 +56,22 @@ else
   while port_in_use "$port"; do port=$((port + 1)); done
 fi
 
+# as root, run as postgres (from /: it may not reach the current directory)
 as_owner() {
-  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+  if [ "$(id -u)" = 0 ]; then (cd / && runuser -u postgres -- "$@"); else "$@"; fi
 }
 
 init() {
+  if [ "$base" = "$away" ]; then
+    # link .pgdq/NAME to it (replacing what a failed start left there: no cluster)
+    mkdir -p "$root/.pgdq"
+    [ -L "$link" ] || rm -rf "$link"
+    ln -sfn "$away" "$link"
+  fi
   [ -f "$data/PG_VERSION" ] && return 0
   mkdir -p "$data" "$sock"
   echo "$port" >"$base/port"
-  if [ "$(id -u)" = 0 ]; then
-    chown -R postgres:postgres "$base"
-    # the server must be able to reach its data directory through the repo
-    if ! runuser -u postgres -- test -x "$base"; then
-      echo "pgcluster: user postgres cannot reach $base; clone the repo somewhere world-readable" >&2
-      exit 1
-    fi
-  fi
+  if [ "$(id -u)" = 0 ]; then chown -R postgres:postgres "$base"; fi
   as_owner "$bindir/initdb" -D "$data" -A trust -U postgres -E UTF8 --locale=C.UTF-8 >"$base/initdb.log"
   cat >>"$data/postgresql.conf" <<CONF
 # pgdq throwaway cluster ($name)
@@ -80,5 +105,6 @@ case "$cmd" in
   crash-restart) as_owner "$bindir/pg_ctl" -D "$data" -m immediate -w restart -l "$base/server.log" >/dev/null ;;
   status) running && echo "running on port $port ($data)" || { echo "stopped"; exit 3; } ;;
   env) printf 'export PGHOST=%s PGPORT=%s PGUSER=postgres\n' "$sock" "$port" ;;
-  *) echo "pgcluster: unknown command $cmd" >&2; exit 2 ;;
+  dir) echo "$base" ;;
+  *) echo "pgcluster: unknown command $cmd" >&2; echo "$usage" >&2; exit 2 ;;
 esac

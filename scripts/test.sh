@@ -13,7 +13,7 @@ step() {
 }
 
 make -s install >/dev/null || { echo "make install failed (run as root, or install pgdq's extension files first)"; exit 1; }
-scripts/pgcluster.sh start test || { echo "could not start the test cluster; see .pgdq/test/server.log"; exit 1; }
+scripts/pgcluster.sh start test || { echo "could not start the test cluster; see $(scripts/pgcluster.sh dir test)/server.log"; exit 1; }
 eval "$(scripts/pgcluster.sh env test)"
 
 fresh_db() { dropdb --if-exists -f "$1" && createdb "$1"; }

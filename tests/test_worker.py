@@ -306,7 +306,9 @@ def test_crashing_consumers_end_in_the_dead_letters(tmp_path: Path, database: st
 
 
 def own_cluster() -> bool:
-    return os.environ.get("PGHOST", "").startswith(str(ROOT / ".pgdq" / "test"))
+    return os.environ.get("PGHOST", "").startswith(
+        subprocess.check_output([str(ROOT / "scripts/pgcluster.sh"), "dir", "test"], text=True).strip()
+    )
 
 
 @pytest.mark.skipif(not own_cluster(), reason="restarts the server: only on the repo's throwaway test cluster")

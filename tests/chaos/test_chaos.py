@@ -29,7 +29,7 @@ DEADLINE = 110.0  # seconds for the whole run
 
 def own_cluster() -> bool:
     """True when PG* points at the repo's test cluster, which this test may restart."""
-    run_dir = ROOT / ".pgdq/test/run"
+    run_dir = subprocess.check_output([str(ROOT / "scripts/pgcluster.sh"), "dir", "test"], text=True).strip() + "/run"
     return os.environ.get("PGHOST") == str(run_dir)
 
 

@@ -1,0 +1,24 @@
+"""An example handler module for `pgdq worker` (the worker image runs it).
+
+    pgdq worker --queue demo --handler tasks:log_delivery    # from examples/
+
+Offer something for it to log:
+
+    SELECT dq_offer('demo', 'hello', '{"greeting": "hi"}');
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pgdq import AsyncDelivery
+
+log = logging.getLogger("tasks")
+
+
+def log_delivery(delivery: AsyncDelivery) -> None:
+    """Log the delivery and return: returning acks it, raising would retry it.
+
+    A plain function runs in the worker's thread pool; an `async def` handler
+    would run on its event loop instead."""
+    log.info("queue=%s key=%s attempt=%d payload=%r", delivery.queue, delivery.key, delivery.attempts, delivery.payload)
