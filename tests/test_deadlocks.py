@@ -1,0 +1,397 @@
+"""No pgdq call deadlocks or hits a unique violation against any other (api-v1.1).
+
+The contract: no single pgdq call, in autocommit or in a READ COMMITTED
+transaction of its own, fails with a deadlock (40P01), a unique violation
+(23505) or a serialization failure (40001) against any other pgdq calls,
+dq_cron_install with different config hashes on one prefix included. A user
+saw six sessions installing one prefix with two alternating config hashes
+deadlock, so this checks every writing operation against every other one
+(and against itself): a few autocommit sessions per side hammer one queue for
+a bounded time on a deliberately tiny, overlapping key space. Plain keys sort
+on both sides of the cron prefix, offers include the cron occurrence keys, a
+schedule named like the cron prefix deletes the same occurrence rows, short
+leases expire and get re-polled, and max_attempts buries messages, so every
+operation keeps touching the rows the others lock. Any error at all fails the
+pair; the message lists the failing calls with SQLSTATE, text and context.
+PGDQ_DEADLOCK_SECONDS stretches each pair (default 0.6 s) for a deeper soak.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, LiteralString
+from uuid import UUID
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+PAIR_SECONDS = float(os.environ.get("PGDQ_DEADLOCK_SECONDS", "0.6"))
+SESSIONS_PER_SIDE = 2
+# The sort order is the point: "k*" < "tick/0aaa/*" < "tick/<md5 hex>/*" <
+# "tick/zzzz/*" < "u*", so batches of plain keys straddle the cron range, and
+# a schedule named "tick" (md5 config hash) has its occurrences between the
+# two cron hashes: each install deletes rows on both sides of its own range.
+PLAIN_KEYS = ("k0", "k1", "k2", "k3", "u0", "u1", "u2", "u3")
+PREFIX = "tick"
+HASH_A = "0aaa"
+HASH_B = "zzzz"
+SCHEDULE_EXPRESSIONS = ("* * * * * *", "*/2 * * * * *")  # 6 fields: every (other) second
+LEASES_MS = (50, 100, 200)
+CONTRACT_SQLSTATES = {"40P01": "deadlock", "23505": "unique violation", "40001": "serialization failure"}
+
+
+class CallFailed(Exception):
+    """A pgdq call that raised: the function called and the server's error."""
+
+    def __init__(self, function: str, error: psycopg.Error) -> None:
+        super().__init__(function, error)
+        self.function = function
+        self.error = error
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one pair's sessions share: the queue and its overlapping keys."""
+
+    queue: str
+    cron_times: tuple[datetime, ...]
+
+    @property
+    def occurrence_keys(self) -> tuple[str, ...]:
+        """The cron occurrence keys of both config hashes."""
+        return tuple(occurrence_key(PREFIX, h, at) for h in (HASH_A, HASH_B) for at in self.cron_times)
+
+    @property
+    def all_keys(self) -> tuple[str, ...]:
+        """Every key offers pick from: plain keys and cron occurrence keys."""
+        return PLAIN_KEYS + self.occurrence_keys
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed call, as the server reported it."""
+
+    op: str
+    function: str
+    sqlstate: str
+    message: str
+    detail: str
+    context: str
+
+    def describe(self) -> str:
+        """One readable paragraph: where, SQLSTATE, text, DETAIL and CONTEXT."""
+        kind = CONTRACT_SQLSTATES.get(self.sqlstate, "unexpected error")
+        text = f"[{self.op}] {self.function}: {self.sqlstate} ({kind}) {self.message}"
+        if self.detail:
+            text += f"\n    DETAIL: {self.detail}"
+        if self.context:
+            text += f"\n    CONTEXT: {self.context}"
+        return text
+
+
+@dataclass
+class Tally:
+    """What one session did: operations completed and calls that failed."""
+
+    op: str
+    rounds: int = 0
+    failures: list[Failure] = field(default_factory=list)
+
+
+Op = Callable[[psycopg.Connection[Any], random.Random, Workload], None]
+
+
+def occurrence_key(prefix: str, config_hash: str, at: datetime) -> str:
+    """The key dq_cron_install gives an occurrence (see dq__occurrence_key)."""
+    return f"{prefix}/{config_hash}/{at.astimezone(UTC).strftime('%Y%m%dT%H%M%S.%fZ')}"
+
+
+def call(conn: psycopg.Connection[Any], function: str, *args: object, column: LiteralString = "*") -> list[Any]:
+    """SELECT column FROM function(args...): the first value of each row; raises CallFailed."""
+    query = sql.SQL("SELECT {} FROM {}({})").format(
+        sql.SQL(column), sql.Identifier(function), sql.SQL(", ").join([sql.Placeholder()] * len(args))
+    )
+    try:
+        return [row[0] for row in conn.execute(query, args).fetchall()]
+    except psycopg.Error as error:
+        raise CallFailed(function, error) from error
+
+
+def lease(rng: random.Random) -> timedelta:
+    """A short lease, so leases expire and messages get polled again."""
+    return timedelta(milliseconds=rng.choice(LEASES_MS))
+
+
+def payloads(rng: random.Random, n: int) -> list[Jsonb]:
+    """n small payloads from a tiny range, so offers both update and ignore."""
+    return [Jsonb({"v": rng.randrange(3)}) for _ in range(n)]
+
+
+def refill(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> None:
+    """Offer the plain keys again (half the time replacing, so leased ones become ready): keep the queue populated."""
+    call(conn, "dq_offer_many", w.queue, list(PLAIN_KEYS), payloads(rng, len(PLAIN_KEYS)), None, rng.random() < 0.5)
+
+
+def poll(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> list[UUID]:
+    """Lease 1..4 due messages; their lock tokens."""
+    return call(conn, "dq_poll_many", w.queue, rng.randint(1, 4), lease(rng), column="lock_token")
+
+
+def lease_some(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> list[UUID]:
+    """Lock tokens from a poll just before, refilling the queue once if nothing was due."""
+    tokens = poll(conn, rng, w)
+    if not tokens:
+        refill(conn, rng, w)
+        tokens = poll(conn, rng, w)
+    return tokens
+
+
+def cron_install(conn: psycopg.Connection[Any], rng: random.Random, w: Workload, config_hash: str) -> None:
+    """Install the workload's future occurrences under config_hash."""
+    times = list(w.cron_times)
+    rng.shuffle(times)
+    call(conn, "dq_cron_install", w.queue, PREFIX, config_hash, times, payloads(rng, len(times)), rng.random() < 0.5)
+
+
+def set_schedule(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> None:
+    """Create or replace the schedule named like the cron prefix (one of four configurations)."""
+    expression = rng.choice(SCHEDULE_EXPRESSIONS)
+    call(conn, "dq_schedule_set", w.queue, PREFIX, expression, "UTC", Jsonb({"s": rng.randrange(2)}), rng.randint(1, 3))
+
+
+def op_offer(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> None:
+    """dq_offer of one key, due now."""
+    call(conn, "dq_offer", w.queue, rng.choice(w.all_keys), payloads(rng, 1)[0])
+
+
+def offer_many(conn: psycopg.Connection[Any], rng: random.Random, w: Workload, descending: bool) -> None:
+    """dq_offer_many of 3..6 keys (plain and occurrence keys), due now, in one key order."""
+    keys = sorted(rng.sample(w.all_keys, rng.randint(3, 6)), reverse=descending)
+    call(conn, "dq_offer_many", w.queue, keys, payloads(rng, len(keys)))
+
+
+def op_cron_uninstall(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> None:
+    """dq_cron_uninstall of the prefix: every hash, or one of the two."""
+    call(conn, "dq_cron_uninstall", w.queue, PREFIX, rng.choice((None, HASH_A, HASH_B)))
+
+
+def op_poll_many(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> None:
+    """dq_poll_many with a short lease; refill when nothing was due."""
+    if not poll(conn, rng, w):
+        refill(conn, rng, w)
+
+
+def op_ack_many(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> None:
+    """dq_ack_many of freshly polled tokens."""
+    if tokens := lease_some(conn, rng, w):
+        call(conn, "dq_ack_many", tokens)
+
+
+def op_ack_poll(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> None:
+    """dq_ack_poll: ack freshly polled tokens and poll the next batch."""
+    tokens = lease_some(conn, rng, w)
+    call(conn, "dq_ack_poll", tokens, w.queue, rng.randint(1, 4), lease(rng))
+
+
+def op_nack(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> None:
+    """dq_nack of freshly polled tokens, due now or a moment later, with state."""
+    for token in lease_some(conn, rng, w):
+        retry_at = rng.choice((None, datetime.now(UTC) + lease(rng)))
+        call(conn, "dq_nack", token, retry_at, Jsonb({"nacked": rng.randrange(3)}))
+
+
+def op_cancel(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> None:
+    """dq_cancel of one key (leased or not)."""
+    call(conn, "dq_cancel", w.queue, rng.choice(w.all_keys))
+
+
+def op_purge(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> None:
+    """dq_purge of the queue; refill when it was empty already."""
+    if call(conn, "dq_purge", w.queue) == [0]:
+        refill(conn, rng, w)
+
+
+def op_dead_letter(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> None:
+    """dq_dead_letter of freshly polled tokens."""
+    for token in lease_some(conn, rng, w):
+        call(conn, "dq_dead_letter", token, "given up by the test")
+
+
+def op_dead_redrive(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> None:
+    """dq_dead_redrive of the queue or one key; bury a polled message when nothing was redriven."""
+    key = rng.choice((None, *PLAIN_KEYS))
+    if call(conn, "dq_dead_redrive", w.queue, key) == [0]:
+        for token in lease_some(conn, rng, w)[:1]:
+            call(conn, "dq_dead_letter", token, "buried for the next redrive")
+
+
+def op_schedule_remove(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> None:
+    """dq_schedule_remove of the schedule named like the cron prefix; set it again when it was gone."""
+    if call(conn, "dq_schedule_remove", w.queue, PREFIX) == [False]:
+        set_schedule(conn, rng, w)
+
+
+def op_configure(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> None:
+    """dq_configure max_attempts: no limit, or so low that expired leases get buried."""
+    call(conn, "dq_configure", w.queue, rng.choice((None, 1, 2, 3)))
+
+
+OPS: dict[str, Op] = {
+    "offer": op_offer,
+    "offer_many_asc": lambda conn, rng, w: offer_many(conn, rng, w, descending=False),
+    "offer_many_desc": lambda conn, rng, w: offer_many(conn, rng, w, descending=True),
+    "cron_install_A": lambda conn, rng, w: cron_install(conn, rng, w, HASH_A),
+    "cron_install_B": lambda conn, rng, w: cron_install(conn, rng, w, HASH_B),
+    "cron_uninstall": op_cron_uninstall,
+    "poll_many": op_poll_many,
+    "ack_many": op_ack_many,
+    "ack_poll": op_ack_poll,
+    "nack": op_nack,
+    "cancel": op_cancel,
+    "purge": op_purge,
+    "dead_letter": op_dead_letter,
+    "dead_redrive": op_dead_redrive,
+    "schedule_set": set_schedule,
+    "schedule_remove": op_schedule_remove,
+    "configure": op_configure,
+}
+PAIRS = list(itertools.combinations_with_replacement(OPS, 2))
+
+
+def connect(database: str, name: str) -> psycopg.Connection[Any]:
+    """An autocommit session that detects deadlocks fast and never hangs the suite."""
+    conn = psycopg.connect(database, autocommit=True, application_name=f"deadlocks:{name}")
+    conn.execute("SET deadlock_timeout = '20ms'")
+    conn.execute("SET statement_timeout = '30s'")
+    return conn
+
+
+def failure(op: str, failed: CallFailed) -> Failure:
+    """The Failure record of a CallFailed."""
+    diag = failed.error.diag
+    return Failure(
+        op=op,
+        function=failed.function,
+        sqlstate=failed.error.sqlstate or "?????",
+        message=diag.message_primary or str(failed.error),
+        detail=(diag.message_detail or "").replace("\n", "\n            "),
+        context=call_stack(diag.context or ""),
+    )
+
+
+def call_stack(context: str) -> str:
+    """The CONTEXT frames that say where (function and line), without the statements' full text."""
+    frames = [line for line in context.splitlines() if line.startswith(("PL/pgSQL function", "SQL function", "while "))]
+    return " <- ".join(frames) or context
+
+
+def hammer(database: str, op: str, seed: str, w: Workload, start: threading.Barrier) -> Tally:
+    """Run OPS[op] in a loop for PAIR_SECONDS after the start line; what it did."""
+    rng = random.Random(seed)
+    tally = Tally(op)
+    with connect(database, op) as conn:
+        start.wait(timeout=60)
+        deadline = time.monotonic() + PAIR_SECONDS
+        while time.monotonic() < deadline and not conn.broken:
+            try:
+                OPS[op](conn, rng, w)
+                tally.rounds += 1
+            except CallFailed as failed:
+                tally.failures.append(failure(op, failed))
+    return tally
+
+
+def run_sessions(database: str, w: Workload, ops: Sequence[str], seed: str) -> list[Tally]:
+    """One thread and session per entry of ops, started together; joined, so calls in flight count."""
+    start = threading.Barrier(len(ops))
+    with ThreadPoolExecutor(len(ops)) as pool:
+        futures = [pool.submit(hammer, database, op, f"{seed}/{i}", w, start) for i, op in enumerate(ops)]
+        return [f.result() for f in futures]
+
+
+def report(failures: Sequence[Failure], shown: int = 5) -> str:
+    """Counts per (function, SQLSTATE), then the first few failures in full."""
+    counts = Counter((f.function, f.sqlstate) for f in failures)
+    lines = [f"{len(failures)} failed call(s): " + ", ".join(f"{fn} {st} x{n}" for (fn, st), n in counts.items())]
+    lines += [f.describe() for f in failures[:shown]]
+    return "\n".join(lines)
+
+
+def prepare(conn: psycopg.Connection[Any], queue: str) -> Workload:
+    """A fresh queue with everything in it: ready messages, both hashes' occurrences,
+    the schedule, dead letters and max_attempts."""
+    now = datetime.now(UTC).replace(microsecond=123456)
+    w = Workload(queue, tuple(now + timedelta(minutes=10 + i) for i in range(4)))
+    rng = random.Random(queue)
+    call(conn, "dq_purge", queue)
+    call(conn, "dq_configure", queue, 3)
+    refill(conn, rng, w)
+    cron_install(conn, rng, w, HASH_B)
+    assert call(conn, "dq_get", queue, w.occurrence_keys[-1], column="key"), "occurrence_key() matches dq_cron_install"
+    hash_a_keys = [k for k in w.occurrence_keys if k.startswith(f"{PREFIX}/{HASH_A}/")]
+    call(conn, "dq_offer_many", queue, hash_a_keys, payloads(rng, len(hash_a_keys)), list(w.cron_times))
+    set_schedule(conn, rng, w)
+    for token in poll(conn, rng, w):
+        call(conn, "dq_dead_letter", token, "dead before the start")
+    refill(conn, rng, w)
+    return w
+
+
+@pytest.mark.parametrize(("first", "second"), PAIRS, ids=[f"{a}-{b}" for a, b in PAIRS])
+def test_no_deadlock_between(database: str, first: str, second: str) -> None:
+    with psycopg.connect(database, autocommit=True) as conn:
+        w = prepare(conn, f"deadlocks-{first}-{second}")
+    ops = [first] * SESSIONS_PER_SIDE + [second] * SESSIONS_PER_SIDE
+    tallies = run_sessions(database, w, ops, seed=w.queue)
+    failures = [f for t in tallies for f in t.failures]
+    assert not failures, f"{first} vs {second}: " + report(failures)
+    assert all(t.rounds > 0 for t in tallies), [(t.op, t.rounds) for t in tallies]
+
+
+# The user's report: six sessions installing one prefix, alternating between
+# two config hashes, ten rounds each: one call failed with "deadlock detected".
+REPORT_SESSIONS = 6
+REPORT_ROUNDS = int(os.environ.get("PGDQ_DEADLOCK_ROUNDS", "10"))
+REPORT_OCCURRENCES = 20
+
+
+def install_rounds(database: str, queue: str, session: int, start: threading.Barrier) -> list[Failure]:
+    """REPORT_ROUNDS dq_cron_install calls in step with the other sessions, hash A and B in turn."""
+    base = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=5)
+    times = [base + timedelta(minutes=i) for i in range(REPORT_OCCURRENCES)]
+    ticks = [Jsonb({"tick": i}) for i in range(REPORT_OCCURRENCES)]
+    failures = []
+    with connect(database, f"report-{session}") as conn:
+        for round_ in range(REPORT_ROUNDS):
+            config_hash = (HASH_A, HASH_B)[(session + round_) % 2]
+            start.wait(timeout=60)
+            try:
+                call(conn, "dq_cron_install", queue, PREFIX, config_hash, times, ticks)
+            except CallFailed as failed:
+                failures.append(failure(f"session {session} round {round_}", failed))
+    return failures
+
+
+def test_six_sessions_install_one_prefix_with_alternating_hashes(database: str) -> None:
+    queue = "deadlocks-user-report"
+    with psycopg.connect(database, autocommit=True) as conn:
+        call(conn, "dq_purge", queue)
+    start = threading.Barrier(REPORT_SESSIONS)
+    with ThreadPoolExecutor(REPORT_SESSIONS) as pool:
+        futures = [pool.submit(install_rounds, database, queue, i, start) for i in range(REPORT_SESSIONS)]
+        failures = [f for future in futures for f in future.result()]
+    assert not failures, report(failures)
+    with psycopg.connect(database, autocommit=True) as conn:
+        remaining = call(conn, "dq_stats", queue, column="delayed")
+    assert remaining == [REPORT_OCCURRENCES], "one configuration's occurrences are left"
