@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -149,10 +150,7 @@ def test_documented_grants(database: str, queue_name: str) -> None:
     grants = readme.split("<!-- grants -->")[1]
     statements = [line for line in grants.splitlines() if line.startswith(("GRANT", "CREATE ROLE"))]
     assert statements, "the README documents the GRANTs"
-    with psycopg.connect(database, autocommit=True) as admin:
-        for role in ("pgdq_producer", "pgdq_consumer", "pgdq_nobody"):
-            admin.execute(f"DROP OWNED BY {role}" if _role_exists(admin, role) else "SELECT 1")
-            admin.execute(f"DROP ROLE IF EXISTS {role}")
+    with psycopg.connect(database, autocommit=True) as admin, documented_roles(admin):
         admin.execute("CREATE ROLE pgdq_nobody")
         for statement in statements:
             admin.execute(statement)
@@ -186,5 +184,20 @@ def test_documented_grants(database: str, queue_name: str) -> None:
         admin.execute("RESET ROLE")
 
 
-def _role_exists(conn: psycopg.Connection[Any], role: str) -> bool:
-    return conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is not None
+@contextmanager
+def documented_roles(admin: psycopg.Connection[Any]) -> Iterator[None]:
+    """No README role before, none after: roles are cluster-wide, and the
+    suite runs in several databases of one cluster."""
+
+    def drop() -> None:
+        for role in ("pgdq_producer", "pgdq_consumer", "pgdq_nobody"):
+            if admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is not None:
+                admin.execute(f"DROP OWNED BY {role}")
+                admin.execute(f"DROP ROLE {role}")
+
+    drop()
+    try:
+        yield
+    finally:
+        admin.execute("RESET ROLE")
+        drop()
