@@ -3,7 +3,7 @@
 -- queue, and keep their index plans after thousands of calls (plpgsql may
 -- switch to generic plans after five).
 BEGIN;
-SELECT plan(9);
+SELECT plan(15);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 INSERT INTO dq_messages (queue, key, payload, scheduled_at, due_at, created_at)
@@ -83,6 +83,40 @@ SELECT cmp_ok(pg_temp.blocks($$SELECT * FROM dq_poll('t_deep')$$), '<=', 12, 'dq
 SELECT cmp_ok(pg_temp.blocks($$SELECT * FROM dq_poll_many('t_deep', 100)$$), '<=', 12, 'dq_poll_many still does');
 SELECT cmp_ok(pg_temp.blocks($$SELECT dq_next_due('t_deep')$$), '<=', 12, 'dq_next_due still does');
 SELECT is((SELECT count(*)::int FROM dq_poll_many('t_deep_other', 10)), 10, 'due messages are still found');
+
+-- the hot-path helpers inline into the statements that call them: one that
+-- does not (say, IMMUTABLE over a STABLE operator) costs microseconds a call
+CREATE FUNCTION pg_temp.plan_of(query text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    line text;
+    plan text := '';
+BEGIN
+    FOR line IN EXECUTE 'EXPLAIN VERBOSE ' || query LOOP
+        plan := plan || line;
+    END LOOP;
+    RETURN plan;
+END $$;
+SELECT
+    unalike(
+        pg_temp.plan_of(
+            format(
+                $$SELECT %s FROM (SELECT 'k'::text, interval '1 min', now(), 1::bigint, gen_random_uuid(), '1'::jsonb OFFSET 0)$$
+                || ' AS a (t, l, n, i, u, j)',
+                h.expr
+            )
+        ),
+        '%' || h.helper || '(%',
+        h.helper || ' inlines into its caller'
+    )
+FROM (
+    VALUES
+    ('dq_now', 'dq_now()'),
+    ('dq__valid_name', 'dq__valid_name(a.t, 100)'),
+    ('dq__valid_lease', 'dq__valid_lease(a.l, a.n)'),
+    ('dq__token', 'dq__token(a.i)'),
+    ('dq__token_id', 'dq__token_id(a.u)'),
+    ('dq__same_offer', 'dq__same_offer(a.j, a.n, a.j, a.n)')
+) AS h (helper, expr);
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -7,6 +7,7 @@ messages and the id sequence."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ import psycopg
 import pytest
 from conftest import dsn, recreate_database
 from pgdq import install
-from pgdq._script import quote_ident, released_install_script
+from pgdq._script import quote_ident, released_install_script, upgrade_steps
 from pgdq.install import upgrade
 
 FIRST_RELEASE = "1.0.0"
@@ -281,3 +282,22 @@ def test_upgrade_heals_ids_of_a_database_restored_from_a_1_0_0_dump(scratch: str
             assert restored.execute("SELECT dq_offer('q', 'c', '1')").fetchone() == ("created",)
     finally:
         recreate_database("pgdq_restored")
+
+
+def test_every_version_number_agrees(database: str) -> None:
+    root = Path(__file__).resolve().parent.parent
+    control = re.search(r"default_version = '(.+)'", (root / "pgdq.control").read_text())
+    pyproject = re.search(r'^version = "(.+)"', (root / "python/pyproject.toml").read_text(), re.M)
+    changelog = re.search(r"^## (\S+)", (root / "CHANGELOG.md").read_text(), re.M)
+    with psycopg.connect(database) as conn:
+        row = conn.execute("SELECT dq_version()").fetchone()
+    found = {
+        "pgdq.control": control and control[1],
+        "python/pyproject.toml": pyproject and pyproject[1],
+        "pgdq.__version__": pgdq.__version__,
+        "dq_version()": row and row[0],
+        "CHANGELOG.md's newest entry": changelog and changelog[1],
+    }
+    assert set(found.values()) == {pgdq.__version__}, found
+    steps = {(old, new) for old, new, _ in upgrade_steps(FIRST_RELEASE, pgdq.__version__)}
+    assert steps, "a step script leads from the first release to this version"

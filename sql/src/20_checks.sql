@@ -75,8 +75,9 @@ $$;
 -- True when a lease taken at now_at ends after now_at, within the timestamp
 -- range (docs/sql-reference.md). Hot paths test this (it inlines) and call
 -- dq__check_lease only when it fails; CASE keeps the sum from overflowing.
+-- STABLE, like timestamptz + interval: an IMMUTABLE one would not inline.
 CREATE FUNCTION dq__valid_lease(lease interval, now_at timestamptz) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
+LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT CASE
         WHEN lease OPERATOR(pg_catalog.>) '0'::pg_catalog.interval
@@ -90,7 +91,7 @@ $$;
 -- Raise 22004/22023 unless a lease taken at now_at ends after now_at and
 -- within the timestamp range.
 CREATE FUNCTION dq__check_lease(lease interval, now_at timestamptz) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     v_until timestamptz;
