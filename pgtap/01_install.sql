@@ -1,7 +1,7 @@
 -- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
 -- defaults, security settings, the dq_delivery type, dq_now and dq_version.
 BEGIN;
-SELECT plan(67);
+SELECT plan(80);
 
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
@@ -177,6 +177,24 @@ SELECT throws_ok(
     $$SELECT * FROM dq_poll('t_inst')$$, '22023', 'pgdq: dq.now must be a finite timestamp, got ''next tuesday''',
     'an unparsable dq.now is 22023'
 );
+SELECT set_config('dq.now', 'infinity', TRUE);
+SELECT throws_ok(c.call, '22023', 'pgdq: dq.now must be a finite timestamp, got ''infinity''', c.call || ' checks dq.now too')
+FROM (
+    VALUES
+    ($$SELECT dq_ack('00000000-0000-0001-0000-000000000000')$$),
+    ($$SELECT dq_ack_many('{}')$$),
+    ($$SELECT dq_cancel('t_inst', 'k')$$),
+    ($$SELECT dq_purge('t_inst')$$),
+    ($$SELECT dq_next_due('t_inst')$$),
+    ($$SELECT dq_configure('t_inst', 3)$$),
+    ($$SELECT * FROM dq_dead_list('t_inst')$$),
+    ($$SELECT dq_dead_purge('t_inst')$$),
+    ($$SELECT dq_schedule_remove('t_inst', 'nope')$$),
+    ($$SELECT * FROM dq_get('t_inst', 'k')$$),
+    ($$SELECT * FROM dq_stats()$$),
+    ($$SELECT dq_cron_uninstall('t_inst', 'p')$$),
+    ($$SELECT dq_dead_letter(NULL)$$)
+) AS c (call);
 SELECT set_config('dq.now', '', TRUE);
 SELECT is(
     (

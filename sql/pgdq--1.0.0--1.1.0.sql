@@ -615,6 +615,7 @@ SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
     v_deleted bigint;
 BEGIN
     PERFORM dq__check_queue(dq_dead_purge.queue);
@@ -636,6 +637,185 @@ BEGIN
     WHERE d.queue = dq_dead_purge.queue AND d.key = doomed.key;
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
     RETURN v_deleted;
+END
+$$;
+
+-- An invalid dq.now fails every call, those that do not need the time included.
+-- Delete the message whose current delivery is lock_token; false when stale.
+CREATE OR REPLACE FUNCTION dq_ack(lock_token uuid) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
+BEGIN
+    DELETE FROM dq_messages AS m
+    WHERE m.id = dq__token_id(dq_ack.lock_token)
+        AND m.lock_token = dq_ack.lock_token;
+    RETURN FOUND;
+END
+$$;
+
+-- Ack a batch of tokens: the number of messages deleted; stale ones are skipped.
+CREATE OR REPLACE FUNCTION dq_ack_many(lock_tokens uuid[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+AS $$
+DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
+    v_deleted integer;
+BEGIN
+    -- Rows are locked in (queue, key) order, the order dq_offer_many locks
+    -- in, so a batch ack and a batch offer never deadlock.
+    WITH current_rows AS (
+        SELECT m.id
+        FROM dq_messages AS m
+        INNER JOIN unnest(lock_tokens) AS t (token)
+            ON m.id = dq__token_id(t.token) AND m.lock_token = t.token
+        ORDER BY m.queue, m.key
+        FOR UPDATE OF m
+    )
+    DELETE FROM dq_messages AS m
+    USING current_rows AS c
+    WHERE m.id = c.id;
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    RETURN v_deleted;
+END
+$$;
+
+-- Delete one message, leased or not; true if one was deleted.
+CREATE OR REPLACE FUNCTION dq_cancel(queue text, key text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
+BEGIN
+    PERFORM dq__check_queue(dq_cancel.queue);
+    PERFORM dq__check_name(dq_cancel.key, 'key', 200);
+    DELETE FROM dq_messages AS m
+    WHERE m.queue = dq_cancel.queue AND m.key = dq_cancel.key;
+    RETURN FOUND;
+END
+$$;
+
+-- Delete every message of queue; the count deleted.
+CREATE OR REPLACE FUNCTION dq_purge(queue text) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
+    v_deleted bigint;
+BEGIN
+    PERFORM dq__check_queue(dq_purge.queue);
+    -- Locks in key order, like dq_offer_many, so the two never deadlock.
+    WITH doomed AS (
+        SELECT m.id FROM dq_messages AS m
+        WHERE m.queue = dq_purge.queue
+        ORDER BY m.key
+        FOR UPDATE
+    )
+    DELETE FROM dq_messages AS m
+    USING doomed AS d
+    WHERE m.id = d.id;
+    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    RETURN v_deleted;
+END
+$$;
+
+-- The earliest due time in queue (leases by their end); NULL when empty.
+CREATE OR REPLACE FUNCTION dq_next_due(queue text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
+BEGIN
+    PERFORM dq__check_queue(dq_next_due.queue);
+    -- the first entry of the queue's range in (queue, due_at, id), or the
+    -- next occurrence of one of its schedules if that comes first
+    RETURN least(
+        (
+            SELECT m.due_at FROM dq_messages AS m
+            WHERE m.queue = dq_next_due.queue
+            ORDER BY m.due_at
+            LIMIT 1
+        ),
+        (
+            SELECT s.next_at FROM dq_schedules AS s
+            WHERE s.queue = dq_next_due.queue AND s.next_at < 'infinity'
+            ORDER BY s.next_at
+            LIMIT 1
+        )
+    );
+END
+$$;
+
+-- Set queue's max_attempts (NULL: no limit); polls enforce it from then on.
+CREATE OR REPLACE FUNCTION dq_configure(queue text, max_attempts integer) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
+BEGIN
+    PERFORM dq__check_queue(dq_configure.queue);
+    IF max_attempts <= 0 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = format('pgdq: max_attempts must be positive or NULL, got %s', max_attempts);
+    END IF;
+    INSERT INTO dq_queues AS q (queue, max_attempts)
+    VALUES (dq_configure.queue, dq_configure.max_attempts)
+    ON CONFLICT (queue) DO UPDATE SET max_attempts = excluded.max_attempts;
+END
+$$;
+
+-- Checked arguments, then queue's dead letters, oldest failure first.
+CREATE OR REPLACE FUNCTION dq__dead_list(p_queue text, p_max_count integer) RETURNS SETOF dq_dead_letters
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
+BEGIN
+    PERFORM dq__check_queue(p_queue);
+    PERFORM dq__not_null(p_max_count, 'max_count');
+    RETURN QUERY
+    SELECT d.* FROM dq_dead_letters AS d
+    WHERE d.queue = p_queue
+    ORDER BY d.failed_at, d.key
+    LIMIT greatest(p_max_count, 0);
+END
+$$;
+
+-- Remove queue's schedule `name` and its pending occurrences; true if it existed.
+CREATE OR REPLACE FUNCTION dq_schedule_remove(queue text, name text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, @extschema@, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
+BEGIN
+    PERFORM dq__check_queue(queue);
+    PERFORM dq__check_key_part(name, 'name', 100);
+    DELETE FROM dq_schedules AS s
+    WHERE s.queue = dq_schedule_remove.queue AND s.name = dq_schedule_remove.name;
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    PERFORM dq__cron_delete(dq_schedule_remove.queue, dq_schedule_remove.name, NULL, FALSE);
+    RETURN TRUE;
 END
 $$;
 

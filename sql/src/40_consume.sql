@@ -109,6 +109,8 @@ SET search_path = pg_catalog, @extschema@, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
 BEGIN
     DELETE FROM dq_messages AS m
     WHERE m.id = dq__token_id(dq_ack.lock_token)
@@ -124,6 +126,7 @@ SET search_path = pg_catalog, @extschema@, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
     v_deleted integer;
 BEGIN
     -- Rows are locked in (queue, key) order, the order dq_offer_many locks

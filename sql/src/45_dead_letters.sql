@@ -8,6 +8,8 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
 BEGIN
     PERFORM dq__check_queue(dq_configure.queue);
     IF max_attempts <= 0 THEN
@@ -79,6 +81,8 @@ CREATE FUNCTION dq__dead_list(p_queue text, p_max_count integer) RETURNS SETOF d
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$
+DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
 BEGIN
     PERFORM dq__check_queue(p_queue);
     PERFORM dq__not_null(p_max_count, 'max_count');
@@ -182,6 +186,7 @@ SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
     v_deleted bigint;
 BEGIN
     PERFORM dq__check_queue(dq_dead_purge.queue);

@@ -6,6 +6,8 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
 BEGIN
     PERFORM dq__check_queue(dq_cancel.queue);
     PERFORM dq__check_name(dq_cancel.key, 'key', 200);
@@ -60,6 +62,7 @@ SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
     v_deleted bigint;
 BEGIN
     PERFORM dq__check_queue(dq_purge.queue);
@@ -150,6 +153,8 @@ SET search_path = pg_catalog, @extschema@, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
 BEGIN
     PERFORM dq__check_queue(dq_next_due.queue);
     -- the first entry of the queue's range in (queue, due_at, id), or the

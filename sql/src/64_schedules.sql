@@ -74,6 +74,8 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, @extschema@, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
 BEGIN
     PERFORM dq__check_queue(queue);
     PERFORM dq__check_key_part(name, 'name', 100);
