@@ -559,6 +559,7 @@ DECLARE
     v_queue text := dq_dead_redrive.queue;
     v_key text := dq_dead_redrive.key;
     v_at timestamptz := coalesce(dq_dead_redrive.scheduled_at, v_now);
+    v_offered text[];
     v_count integer;
 BEGIN
     PERFORM dq__check_queue(v_queue);
@@ -566,41 +567,38 @@ BEGIN
         PERFORM dq__check_name(v_key, 'key', 200);
     END IF;
     PERFORM dq__check_finite(dq_dead_redrive.scheduled_at, 'scheduled_at');
-    -- Key order, like every multi-row writer, so none of them deadlock.
-    -- Keys with a live message are left alone, and are filtered out before
-    -- any lock is taken: a poll burying such a key holds the message and
-    -- then wants the dead letter, so locking the dead letter first and then
-    -- inserting the message could deadlock with it.
-    WITH candidates AS (
-        SELECT d.key FROM dq_dead_letters AS d
-        WHERE d.queue = v_queue AND (v_key IS NULL OR d.key = v_key)
-            AND NOT EXISTS (
-                SELECT FROM dq_messages AS m
-                WHERE m.queue = v_queue AND m.key = d.key
-            )
-        ORDER BY d.key
-        FOR UPDATE
-    ),
-
-    offered AS (
+    -- Messages first, then their dead letters: the order a bury takes them
+    -- in (it holds the message when it writes the dead letter), so the two
+    -- never deadlock; keys in key order, like every multi-row writer. Keys
+    -- with a live message are left alone, filtered out before anything
+    -- waits: a poll may be burying such a key right now.
+    WITH offered AS (
         INSERT INTO dq_messages AS m (queue, key, payload, scheduled_at, due_at, created_at)
         SELECT v_queue, d.key, d.payload, v_at, v_at, v_now
         FROM dq_dead_letters AS d
-        INNER JOIN candidates AS c ON d.key = c.key
-        WHERE d.queue = v_queue
+        WHERE d.queue = v_queue AND (v_key IS NULL OR d.key = v_key)
+            AND NOT EXISTS (
+                SELECT FROM dq_messages AS live
+                WHERE live.queue = v_queue AND live.key = d.key
+            )
         ORDER BY d.key
         ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO NOTHING
         RETURNING m.key
-    ),
-
-    removed AS (
-        DELETE FROM dq_dead_letters AS d
-        USING offered AS o
-        WHERE d.queue = v_queue AND d.key = o.key
-        RETURNING 1
     )
 
-    SELECT count(*) INTO v_count FROM removed;
+    SELECT coalesce(array_agg(offered.key), '{}') INTO v_offered FROM offered;
+    v_count := cardinality(v_offered);
+
+    WITH doomed AS (
+        SELECT d.key FROM dq_dead_letters AS d
+        WHERE d.queue = v_queue AND d.key = ANY(v_offered)
+        ORDER BY d.key
+        FOR UPDATE
+    )
+
+    DELETE FROM dq_dead_letters AS d
+    USING doomed
+    WHERE d.queue = v_queue AND d.key = doomed.key;
     IF v_count > 0 THEN
         PERFORM dq__wake_if_head(v_queue, v_at);
     END IF;
