@@ -72,6 +72,7 @@ cluster-stop:
 
 sync-code:
 	python3 python/tools/gen_sync.py
+	python3 python/tools/gen_upgrade.py
 
 bench: deps venv
 	scripts/bench.sh $(BENCH_ARGS)

@@ -25,6 +25,7 @@ upgraded_db() {
 
 step "lint (sqlfluff, hadolint, mypy, ruff)" make -s lint
 step "generated sync code is current" .venv/bin/python python/tools/gen_sync.py --check
+step "generated step script is current" .venv/bin/python python/tools/gen_upgrade.py --check
 fresh_db pgdq_tap
 step "pgTAP, fresh install (make installcheck)" env PGDATABASE=pgdq_tap make -s installcheck
 upgraded_db pgdq_tap_upgraded

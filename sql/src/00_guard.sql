@@ -5,19 +5,29 @@
 
 -- Refuse a second install into the same schema before anything is created, so
 -- that a repeated install is one clear error and never a half-installed state.
+-- Warn when every role may create objects in the schema (docs/security.md).
 DO $guard$
 BEGIN
     -- The installer puts the target schema first on search_path.
     IF EXISTS (
         SELECT 1
         FROM pg_catalog.pg_class AS c
-        INNER JOIN pg_catalog.pg_namespace AS n ON c.relnamespace = n.oid
-        WHERE n.nspname = current_schema() AND c.relname = 'dq_messages'
+        INNER JOIN pg_catalog.pg_namespace AS n ON c.relnamespace OPERATOR(pg_catalog.=) n.oid
+        WHERE n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()
+            AND c.relname OPERATOR(pg_catalog.=) 'dq_messages'
     ) THEN
         RAISE EXCEPTION USING
             ERRCODE = '42710',
-            MESSAGE = format('pgdq is already installed in schema %I', current_schema()),
+            MESSAGE = pg_catalog.format('pgdq is already installed in schema %I', pg_catalog.current_schema()),
             HINT = 'Drop it first (pgdq uninstall, or DROP EXTENSION pgdq) or install into another schema.';
+    END IF;
+    IF pg_catalog.has_schema_privilege('public', pg_catalog.current_schema(), 'CREATE') THEN
+        RAISE WARNING USING
+            MESSAGE = pg_catalog.format('pgdq: every role may create objects in schema %I', pg_catalog.current_schema()),
+            DETAIL = 'pgdq''s functions never call objects created there, but the roles that use '
+                'pgdq search that schema too: anyone may plant functions they call by mistake.',
+            HINT = pg_catalog.format('REVOKE CREATE ON SCHEMA %I FROM PUBLIC, or install pgdq into a schema of its own.',
+                pg_catalog.current_schema());
     END IF;
 END
 $guard$;

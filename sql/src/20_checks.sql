@@ -2,14 +2,18 @@
 -- Internal helpers are named dq__* (two underscores) and are not part of the SQL API.
 -- These helpers sit on every hot path, so instead of pinning search_path
 -- (a SET clause costs microseconds per call and blocks inlining) they
--- schema-qualify every function and operator they use.
+-- schema-qualify every function and operator they use; the other functions
+-- pin search_path to pg_catalog, pg_temp and qualify pgdq's own objects, so
+-- nothing a role creates in pgdq's schema is ever called (docs/security.md).
 
--- Raise 22004 naming the argument when value is NULL.
-CREATE FUNCTION dq__not_null(value anyelement, arg_name text) RETURNS void
+-- Raise 22004 naming the argument when is_null. (Callers pass `x IS NULL`:
+-- a polymorphic helper could be outbid by an exact-type overload that a role
+-- allowed to CREATE in pgdq's schema plants there; see docs/security.md.)
+CREATE FUNCTION dq__null_check(is_null boolean, arg_name text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 BEGIN
-    IF value IS NULL THEN
+    IF is_null THEN
         RAISE EXCEPTION USING
             ERRCODE = '22004',
             MESSAGE = pg_catalog.format('pgdq: %s must not be NULL', arg_name);
@@ -26,7 +30,7 @@ AS $$
 DECLARE
     v_length integer := pg_catalog.length(name);
 BEGIN
-    PERFORM @extschema@.dq__not_null(name, arg_name);
+    PERFORM @extschema@.dq__null_check(name IS NULL, arg_name);
     IF v_length OPERATOR(pg_catalog.<) 1
         OR v_length OPERATOR(pg_catalog.>) max_length THEN
         RAISE EXCEPTION USING
@@ -56,18 +60,17 @@ CREATE FUNCTION dq__check_queue(queue text) RETURNS void
 LANGUAGE sql IMMUTABLE
 AS $$ SELECT @extschema@.dq__check_name(queue, 'queue', 100) $$;
 
--- Raise 22004 naming the argument when the array or any element is NULL.
-CREATE FUNCTION dq__check_elements(arr anyarray, arg_name text) RETURNS void
+-- Raise 22004 naming the argument when the array is NULL (is_null) or has a
+-- NULL element (first_null, its position: pg_catalog.array_position(arr, NULL)).
+CREATE FUNCTION dq__check_elements(first_null integer, is_null boolean, arg_name text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 AS $$
-DECLARE
-    v_bad integer := pg_catalog.array_position(arr, NULL);
 BEGIN
-    PERFORM @extschema@.dq__not_null(arr, arg_name);
-    IF v_bad IS NOT NULL THEN
+    PERFORM @extschema@.dq__null_check(is_null, arg_name);
+    IF first_null IS NOT NULL THEN
         RAISE EXCEPTION USING
             ERRCODE = '22004',
-            MESSAGE = pg_catalog.format('pgdq: %s[%s] must not be NULL', arg_name, v_bad);
+            MESSAGE = pg_catalog.format('pgdq: %s[%s] must not be NULL', arg_name, first_null);
     END IF;
 END
 $$;
@@ -96,7 +99,7 @@ AS $$
 DECLARE
     v_until timestamptz;
 BEGIN
-    PERFORM @extschema@.dq__not_null(lease, 'lease');
+    PERFORM @extschema@.dq__null_check(lease IS NULL, 'lease');
     IF lease OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',

@@ -50,31 +50,31 @@ CREATE FUNCTION dq_offer(
     can_update boolean DEFAULT TRUE
 ) RETURNS text
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := dq_now();
+    v_now timestamptz := @extschema@.dq_now();
     v_at timestamptz := coalesce(dq_offer.scheduled_at, v_now);
     v_inserted boolean;
 BEGIN
     -- one cheap test on the hot path; the checks say what is wrong
-    IF NOT dq__valid_name(dq_offer.queue, 100)
-        OR NOT dq__valid_name(dq_offer.key, 200)
+    IF NOT @extschema@.dq__valid_name(dq_offer.queue, 100)
+        OR NOT @extschema@.dq__valid_name(dq_offer.key, 200)
         OR dq_offer.payload IS NULL
         OR dq_offer.can_update IS NULL
         OR NOT coalesce(isfinite(dq_offer.scheduled_at), TRUE) THEN
-        PERFORM dq__check_queue(dq_offer.queue);
-        PERFORM dq__check_name(dq_offer.key, 'key', 200);
-        PERFORM dq__not_null(dq_offer.payload, 'payload');
-        PERFORM dq__not_null(dq_offer.can_update, 'can_update');
-        PERFORM dq__check_finite(dq_offer.scheduled_at, 'scheduled_at');
+        PERFORM @extschema@.dq__check_queue(dq_offer.queue);
+        PERFORM @extschema@.dq__check_name(dq_offer.key, 'key', 200);
+        PERFORM @extschema@.dq__null_check(dq_offer.payload IS NULL, 'payload');
+        PERFORM @extschema@.dq__null_check(dq_offer.can_update IS NULL, 'can_update');
+        PERFORM @extschema@.dq__check_finite(dq_offer.scheduled_at, 'scheduled_at');
     END IF;
 
     -- ON CONFLICT makes concurrent offers of one key wait for each other
     -- instead of failing: one creates, the others update or ignore.
-    INSERT INTO dq_messages AS m (
+    INSERT INTO @extschema@.dq_messages AS m (
         queue, key, payload, scheduled_at, due_at, created_at
     )
     VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now)
@@ -87,7 +87,7 @@ BEGIN
             state = NULL,
             lock_token = NULL
         WHERE dq_offer.can_update
-            AND NOT dq__same_offer(
+            AND NOT @extschema@.dq__same_offer(
                 m.payload, m.scheduled_at,
                 excluded.payload, dq_offer.scheduled_at
             )
@@ -96,7 +96,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 'ignored';
     END IF;
-    PERFORM dq__wake_if_head(dq_offer.queue, v_at);
+    PERFORM @extschema@.dq__wake_if_head(dq_offer.queue, v_at);
     RETURN CASE WHEN v_inserted THEN 'created' ELSE 'updated' END;
 END
 $$;
@@ -125,7 +125,7 @@ CREATE FUNCTION dq__offer_chain(
     key_written boolean
 )
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
     WITH elems AS (
         SELECT e.ord, e.k COLLATE "C" AS k, e.p, e.s, false AS is_stored
@@ -175,7 +175,7 @@ AS $$
             CASE
                 WHEN resolved.is_first THEN 'created'
                 WHEN NOT can_update THEN 'ignored'
-                WHEN dq__same_offer(
+                WHEN @extschema@.dq__same_offer(
                     resolved.prev_p, lag(resolved.at) OVER w,
                     resolved.p, resolved.s
                 ) THEN 'ignored'
@@ -206,13 +206,13 @@ CREATE FUNCTION dq__check_offer_arrays(
     keys text[], payloads jsonb[], scheduled_ats timestamptz[]
 ) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_bad bigint;
 BEGIN
-    PERFORM dq__not_null(keys, 'keys');
-    PERFORM dq__not_null(payloads, 'payloads');
+    PERFORM @extschema@.dq__null_check(keys IS NULL, 'keys');
+    PERFORM @extschema@.dq__null_check(payloads IS NULL, 'payloads');
     IF coalesce(array_ndims(keys), 1) > 1
         OR coalesce(array_ndims(payloads), 1) > 1
         OR coalesce(array_ndims(scheduled_ats), 1) > 1 THEN
@@ -230,9 +230,9 @@ BEGIN
                 coalesce(cardinality(scheduled_ats)::text, 'NULL')
             );
     END IF;
-    PERFORM dq__check_elements(keys, 'keys');
-    PERFORM dq__check_elements(payloads, 'payloads');
-    PERFORM dq__check_finite_elements(scheduled_ats, 'scheduled_ats');
+    PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(keys, NULL), keys IS NULL, 'keys');
+    PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(payloads, NULL), payloads IS NULL, 'payloads');
+    PERFORM @extschema@.dq__check_finite_elements(scheduled_ats, 'scheduled_ats');
     SELECT k.ord INTO v_bad
     FROM unnest(keys) WITH ORDINALITY AS k (k, ord)
     WHERE length(k.k) NOT BETWEEN 1 AND 200
@@ -259,11 +259,11 @@ CREATE FUNCTION dq_offer_many(
     can_update boolean DEFAULT TRUE
 ) RETURNS TABLE (key text, outcome text)
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := dq_now();
+    v_now timestamptz := @extschema@.dq_now();
     v_queue text := dq_offer_many.queue;
     v_keys text[];           -- the distinct keys
     v_distinct boolean;      -- no key repeats in the batch
@@ -275,9 +275,9 @@ DECLARE
     v_stored_payloads jsonb[];
     v_stored_ats timestamptz[];
 BEGIN
-    PERFORM dq__check_queue(v_queue);
-    PERFORM dq__not_null(can_update, 'can_update');
-    PERFORM dq__check_offer_arrays(keys, payloads, scheduled_ats);
+    PERFORM @extschema@.dq__check_queue(v_queue);
+    PERFORM @extschema@.dq__null_check(can_update IS NULL, 'can_update');
+    PERFORM @extschema@.dq__check_offer_arrays(keys, payloads, scheduled_ats);
 
     v_keys := ARRAY(SELECT DISTINCT k.k FROM unnest(keys) AS k (k));
     v_distinct := cardinality(v_keys) = cardinality(keys);
@@ -294,14 +294,14 @@ BEGIN
         WHERE v_distinct
         UNION ALL
         SELECT c.elem_key, c.final_payload, c.final_at
-        FROM dq__offer_chain(
+        FROM @extschema@.dq__offer_chain(
             keys, payloads, scheduled_ats, can_update, v_now, NULL, NULL, NULL
         ) AS c
         WHERE NOT v_distinct AND c.is_last
     ),
 
     inserted AS (
-        INSERT INTO dq_messages AS m (
+        INSERT INTO @extschema@.dq_messages AS m (
             queue, key, payload, scheduled_at, due_at, created_at
         )
         SELECT v_queue, c.k, c.p, c.at, c.at, v_now
@@ -325,7 +325,7 @@ BEGIN
             array_agg(m.payload),
             array_agg(m.scheduled_at)
         INTO v_stored_keys, v_stored_payloads, v_stored_ats
-        FROM dq_messages AS m
+        FROM @extschema@.dq_messages AS m
         INNER JOIN unnest(v_keys) AS p (k) ON m.key = p.k
         WHERE m.queue = v_queue
             AND NOT EXISTS (SELECT FROM unnest(v_new) AS n (k) WHERE n.k = m.key);
@@ -333,7 +333,7 @@ BEGIN
 
     IF cardinality(v_stored_keys) > 0 THEN
         WITH updated AS (
-            UPDATE dq_messages AS m
+            UPDATE @extschema@.dq_messages AS m
             SET payload = c.final_payload,
                 scheduled_at = c.final_at,
                 due_at = c.final_at,
@@ -341,7 +341,7 @@ BEGIN
                 attempts = 0,
                 state = NULL,
                 lock_token = NULL
-            FROM dq__offer_chain(
+            FROM @extschema@.dq__offer_chain(
                 keys, payloads, scheduled_ats, can_update, v_now,
                 v_stored_keys, v_stored_payloads, v_stored_ats
             ) AS c
@@ -356,7 +356,7 @@ BEGIN
     END IF;
 
     IF v_created + v_updated > 0 THEN
-        PERFORM dq__wake_if_head(v_queue, v_first_at);
+        PERFORM @extschema@.dq__wake_if_head(v_queue, v_first_at);
     END IF;
 
     IF v_distinct AND cardinality(v_stored_keys) = 0 THEN
@@ -365,7 +365,7 @@ BEGIN
     END IF;
     RETURN QUERY
     SELECT c.elem_key::text, c.outcome
-    FROM dq__offer_chain(
+    FROM @extschema@.dq__offer_chain(
         keys, payloads, scheduled_ats, can_update, v_now,
         v_stored_keys, v_stored_payloads, v_stored_ats
     ) AS c

@@ -7,33 +7,33 @@ CREATE FUNCTION dq_poll_many(
     lease interval DEFAULT '5 minutes'
 ) RETURNS SETOF dq_delivery
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := dq_now();
+    v_now timestamptz := @extschema@.dq_now();
     v_queue text := dq_poll_many.queue;
     v_ids bigint[];
     v_max_attempts integer;  -- dq_configure; NULL: no limit
     v_spent bigint[];        -- picked, but already delivered max_attempts times
 BEGIN
-    IF NOT dq__valid_name(v_queue, 100)
+    IF NOT @extschema@.dq__valid_name(v_queue, 100)
         OR max_count IS NULL
-        OR NOT dq__valid_lease(lease, v_now) THEN
-        PERFORM dq__check_queue(v_queue);
-        PERFORM dq__not_null(max_count, 'max_count');
-        PERFORM dq__check_lease(lease, v_now);
+        OR NOT @extschema@.dq__valid_lease(lease, v_now) THEN
+        PERFORM @extschema@.dq__check_queue(v_queue);
+        PERFORM @extschema@.dq__null_check(max_count IS NULL, 'max_count');
+        PERFORM @extschema@.dq__check_lease(lease, v_now);
     END IF;
     IF max_count <= 0 THEN
         RETURN;
     END IF;
 
     -- the queue's due schedule occurrences become messages first (64_schedules.sql)
-    IF EXISTS (SELECT FROM dq_schedules AS s WHERE s.queue = v_queue AND s.next_at <= v_now) THEN
-        PERFORM dq__materialise(v_queue, v_now);
+    IF EXISTS (SELECT FROM @extschema@.dq_schedules AS s WHERE s.queue = v_queue AND s.next_at <= v_now) THEN
+        PERFORM @extschema@.dq__materialise(v_queue, v_now);
     END IF;
-    v_max_attempts := (SELECT q.max_attempts FROM dq_queues AS q WHERE q.queue = v_queue);
+    v_max_attempts := (SELECT q.max_attempts FROM @extschema@.dq_queues AS q WHERE q.queue = v_queue);
 
     -- Pick and lock in one index range scan of (queue, due_at, id); rows a
     -- concurrent poller holds are skipped, never waited for. The arrays keep
@@ -44,7 +44,7 @@ BEGIN
     INTO v_ids, v_spent
     FROM (
         SELECT m.id, m.attempts
-        FROM dq_messages AS m
+        FROM @extschema@.dq_messages AS m
         WHERE m.queue = v_queue AND m.due_at <= v_now
         ORDER BY m.due_at, m.id
         LIMIT max_count
@@ -54,7 +54,7 @@ BEGIN
     -- A due message that already had max_attempts deliveries lost its last
     -- lease without an ack or nack (its consumers keep dying): bury it.
     IF cardinality(v_spent) > 0 THEN
-        PERFORM dq__bury(
+        PERFORM @extschema@.dq__bury(
             v_spent,
             format(
                 'pgdq: gave up after %s deliveries (max_attempts %s): the last lease expired without an ack or nack',
@@ -74,9 +74,9 @@ BEGIN
 
     RETURN QUERY
     WITH leased AS (
-        UPDATE dq_messages AS m
+        UPDATE @extschema@.dq_messages AS m
         SET attempts = m.attempts + 1,
-            lock_token = dq__token(m.id),
+            lock_token = @extschema@.dq__token(m.id),
             due_at = v_now + lease
         FROM unnest(v_ids) WITH ORDINALITY AS picked (id, pos)
         WHERE m.id = picked.id
@@ -99,21 +99,21 @@ CREATE FUNCTION dq_poll(
     lease interval DEFAULT '5 minutes'
 ) RETURNS SETOF dq_delivery
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
-AS $$ SELECT * FROM dq_poll_many(queue, 1, lease) $$;
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT * FROM @extschema@.dq_poll_many(queue, 1, lease) $$;
 
 -- Delete the message whose current delivery is lock_token; false when stale.
 CREATE FUNCTION dq_ack(lock_token uuid) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
+    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
 BEGIN
-    DELETE FROM dq_messages AS m
-    WHERE m.id = dq__token_id(dq_ack.lock_token)
+    DELETE FROM @extschema@.dq_messages AS m
+    WHERE m.id = @extschema@.dq__token_id(dq_ack.lock_token)
         AND m.lock_token = dq_ack.lock_token;
     RETURN FOUND;
 END
@@ -122,24 +122,24 @@ $$;
 -- Ack a batch of tokens: the number of messages deleted; stale ones are skipped.
 CREATE FUNCTION dq_ack_many(lock_tokens uuid[]) RETURNS integer
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 DECLARE
-    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
+    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     v_deleted integer;
 BEGIN
     -- Rows are locked in (queue, key) order, the order dq_offer_many locks
     -- in, so a batch ack and a batch offer never deadlock.
     WITH current_rows AS (
         SELECT m.id
-        FROM dq_messages AS m
+        FROM @extschema@.dq_messages AS m
         INNER JOIN unnest(lock_tokens) AS t (token)
-            ON m.id = dq__token_id(t.token) AND m.lock_token = t.token
+            ON m.id = @extschema@.dq__token_id(t.token) AND m.lock_token = t.token
         ORDER BY m.queue, m.key
         FOR UPDATE OF m
     )
-    DELETE FROM dq_messages AS m
+    DELETE FROM @extschema@.dq_messages AS m
     USING current_rows AS c
     WHERE m.id = c.id;
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
@@ -157,12 +157,12 @@ CREATE FUNCTION dq_ack_poll(
     lease interval DEFAULT '5 minutes'
 ) RETURNS SETOF dq_delivery
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM dq_ack_many(lock_tokens);
+    PERFORM @extschema@.dq_ack_many(lock_tokens);
     -- a bad queue, max_count or lease raises here and undoes the acks
-    RETURN QUERY SELECT * FROM dq_poll_many(queue, max_count, lease);
+    RETURN QUERY SELECT * FROM @extschema@.dq_poll_many(queue, max_count, lease);
 END
 $$;
 
@@ -173,32 +173,32 @@ CREATE FUNCTION dq_nack(
     state jsonb DEFAULT NULL
 ) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := dq_now();
+    v_now timestamptz := @extschema@.dq_now();
     v_queue text;
     v_due_at timestamptz;
 BEGIN
     -- an infinite retry time would park the message for ever (or, -infinity,
     -- make dq_next_due and dq_stats report -infinity): refuse it
     IF NOT coalesce(isfinite(dq_nack.retry_at), TRUE) THEN
-        PERFORM dq__check_finite(dq_nack.retry_at, 'retry_at');
+        PERFORM @extschema@.dq__check_finite(dq_nack.retry_at, 'retry_at');
     END IF;
-    UPDATE dq_messages AS m
+    UPDATE @extschema@.dq_messages AS m
     SET lock_token = NULL,
         due_at = coalesce(dq_nack.retry_at, v_now),
         state = coalesce(dq_nack.state, m.state)
-    WHERE m.id = dq__token_id(dq_nack.lock_token)
+    WHERE m.id = @extschema@.dq__token_id(dq_nack.lock_token)
         AND m.lock_token = dq_nack.lock_token
     RETURNING m.queue, m.due_at INTO v_queue, v_due_at;
     IF NOT FOUND THEN
         RETURN FALSE;
     END IF;
     -- a message handed back before the queue's head wakes idle consumers
-    PERFORM dq__wake_if_head(v_queue, v_due_at);
+    PERFORM @extschema@.dq__wake_if_head(v_queue, v_due_at);
     RETURN TRUE;
 END
 $$;
@@ -209,20 +209,20 @@ CREATE FUNCTION dq_extend(
     lease interval
 ) RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := dq_now();
+    v_now timestamptz := @extschema@.dq_now();
     v_until timestamptz;
 BEGIN
-    IF NOT dq__valid_lease(lease, v_now) THEN
-        PERFORM dq__check_lease(lease, v_now);
+    IF NOT @extschema@.dq__valid_lease(lease, v_now) THEN
+        PERFORM @extschema@.dq__check_lease(lease, v_now);
     END IF;
-    UPDATE dq_messages AS m
+    UPDATE @extschema@.dq_messages AS m
     SET due_at = v_now + lease
-    WHERE m.id = dq__token_id(dq_extend.lock_token)
+    WHERE m.id = @extschema@.dq__token_id(dq_extend.lock_token)
         AND m.lock_token = dq_extend.lock_token
     RETURNING m.due_at INTO v_until;
     RETURN v_until;

@@ -5,19 +5,19 @@
 -- Set queue's max_attempts (NULL: no limit); polls enforce it from then on.
 CREATE FUNCTION dq_configure(queue text, max_attempts integer) RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
+    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
 BEGIN
-    PERFORM dq__check_queue(dq_configure.queue);
+    PERFORM @extschema@.dq__check_queue(dq_configure.queue);
     IF max_attempts <= 0 THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
             MESSAGE = format('pgdq: max_attempts must be positive or NULL, got %s', max_attempts);
     END IF;
-    INSERT INTO dq_queues AS q (queue, max_attempts)
+    INSERT INTO @extschema@.dq_queues AS q (queue, max_attempts)
     VALUES (dq_configure.queue, dq_configure.max_attempts)
     ON CONFLICT (queue) DO UPDATE SET max_attempts = excluded.max_attempts;
 END
@@ -27,16 +27,16 @@ $$;
 -- the number moved. The one place that buries messages.
 CREATE FUNCTION dq__bury(ids bigint[], error text, failed_at timestamptz) RETURNS integer
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
     WITH moved AS (
-        DELETE FROM dq_messages AS m
+        DELETE FROM @extschema@.dq_messages AS m
         WHERE m.id = ANY(ids)
         RETURNING m.queue, m.key, m.id, m.payload, m.state, m.scheduled_at, m.created_at, m.attempts
     ),
 
     buried AS (
-        INSERT INTO dq_dead_letters AS d (
+        INSERT INTO @extschema@.dq_dead_letters AS d (
             queue, key, id, payload, state, scheduled_at, created_at, attempts, error, failed_at
         )
         SELECT mv.queue, mv.key, mv.id, mv.payload, mv.state, mv.scheduled_at, mv.created_at, mv.attempts,
@@ -62,32 +62,32 @@ $$;
 -- false (nothing changed) for a stale token.
 CREATE FUNCTION dq_dead_letter(lock_token uuid, error text DEFAULT NULL) RETURNS boolean
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT dq__bury(
+    SELECT @extschema@.dq__bury(
         ARRAY(
-            SELECT m.id FROM dq_messages AS m
-            WHERE m.id = dq__token_id(dq_dead_letter.lock_token)
+            SELECT m.id FROM @extschema@.dq_messages AS m
+            WHERE m.id = @extschema@.dq__token_id(dq_dead_letter.lock_token)
                 AND m.lock_token = dq_dead_letter.lock_token
             FOR UPDATE
         ),
         dq_dead_letter.error,
-        dq_now()
+        @extschema@.dq_now()
     ) = 1
 $$;
 
 -- Checked arguments, then queue's dead letters, oldest failure first.
 CREATE FUNCTION dq__dead_list(p_queue text, p_max_count integer) RETURNS SETOF dq_dead_letters
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
+    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
 BEGIN
-    PERFORM dq__check_queue(p_queue);
-    PERFORM dq__not_null(p_max_count, 'max_count');
+    PERFORM @extschema@.dq__check_queue(p_queue);
+    PERFORM @extschema@.dq__null_check(p_max_count IS NULL, 'max_count');
     RETURN QUERY
-    SELECT d.* FROM dq_dead_letters AS d
+    SELECT d.* FROM @extschema@.dq_dead_letters AS d
     WHERE d.queue = p_queue
     ORDER BY d.failed_at, d.key
     LIMIT greatest(p_max_count, 0);
@@ -107,10 +107,10 @@ CREATE FUNCTION dq_dead_list(queue text, max_count integer DEFAULT 100) RETURNS 
     failed_at timestamptz
 )
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT d.queue::text, d.key::text, d.payload, d.state, d.scheduled_at, d.created_at, d.attempts, d.error, d.failed_at
-    FROM dq__dead_list($1, $2) AS d
+    FROM @extschema@.dq__dead_list($1, $2) AS d
 $$;
 
 -- Offer queue's dead letters again (only key's when given), due at
@@ -122,34 +122,34 @@ CREATE FUNCTION dq_dead_redrive(
     scheduled_at timestamptz DEFAULT NULL
 ) RETURNS integer
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := dq_now();
+    v_now timestamptz := @extschema@.dq_now();
     v_queue text := dq_dead_redrive.queue;
     v_key text := dq_dead_redrive.key;
     v_at timestamptz := coalesce(dq_dead_redrive.scheduled_at, v_now);
     v_offered text[];
     v_count integer;
 BEGIN
-    PERFORM dq__check_queue(v_queue);
+    PERFORM @extschema@.dq__check_queue(v_queue);
     IF v_key IS NOT NULL THEN
-        PERFORM dq__check_name(v_key, 'key', 200);
+        PERFORM @extschema@.dq__check_name(v_key, 'key', 200);
     END IF;
-    PERFORM dq__check_finite(dq_dead_redrive.scheduled_at, 'scheduled_at');
+    PERFORM @extschema@.dq__check_finite(dq_dead_redrive.scheduled_at, 'scheduled_at');
     -- Messages first, then their dead letters: the order a bury takes them
     -- in (it holds the message when it writes the dead letter), so the two
     -- never deadlock; keys in key order, like every multi-row writer. Keys
     -- with a live message are left alone, filtered out before anything
     -- waits: a poll may be burying such a key right now.
     WITH offered AS (
-        INSERT INTO dq_messages AS m (queue, key, payload, scheduled_at, due_at, created_at)
+        INSERT INTO @extschema@.dq_messages AS m (queue, key, payload, scheduled_at, due_at, created_at)
         SELECT v_queue, d.key, d.payload, v_at, v_at, v_now
-        FROM dq_dead_letters AS d
+        FROM @extschema@.dq_dead_letters AS d
         WHERE d.queue = v_queue AND (v_key IS NULL OR d.key = v_key)
             AND NOT EXISTS (
-                SELECT FROM dq_messages AS live
+                SELECT FROM @extschema@.dq_messages AS live
                 WHERE live.queue = v_queue AND live.key = d.key
             )
         ORDER BY d.key
@@ -161,17 +161,17 @@ BEGIN
     v_count := cardinality(v_offered);
 
     WITH doomed AS (
-        SELECT d.key FROM dq_dead_letters AS d
+        SELECT d.key FROM @extschema@.dq_dead_letters AS d
         WHERE d.queue = v_queue AND d.key = ANY(v_offered)
         ORDER BY d.key
         FOR UPDATE
     )
 
-    DELETE FROM dq_dead_letters AS d
+    DELETE FROM @extschema@.dq_dead_letters AS d
     USING doomed
     WHERE d.queue = v_queue AND d.key = doomed.key;
     IF v_count > 0 THEN
-        PERFORM dq__wake_if_head(v_queue, v_at);
+        PERFORM @extschema@.dq__wake_if_head(v_queue, v_at);
     END IF;
     RETURN v_count;
 END
@@ -180,28 +180,28 @@ $$;
 -- Delete queue's dead letters (only key's when given); the count deleted.
 CREATE FUNCTION dq_dead_purge(queue text, key text DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
+    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     v_deleted bigint;
 BEGIN
-    PERFORM dq__check_queue(dq_dead_purge.queue);
+    PERFORM @extschema@.dq__check_queue(dq_dead_purge.queue);
     IF dq_dead_purge.key IS NOT NULL THEN
-        PERFORM dq__check_name(dq_dead_purge.key, 'key', 200);
+        PERFORM @extschema@.dq__check_name(dq_dead_purge.key, 'key', 200);
     END IF;
     -- Locks in key order, like every multi-row writer (a poll burying
     -- messages upserts their dead letters in key order), so none deadlock.
     WITH doomed AS (
-        SELECT d.key FROM dq_dead_letters AS d
+        SELECT d.key FROM @extschema@.dq_dead_letters AS d
         WHERE d.queue = dq_dead_purge.queue
             AND (dq_dead_purge.key IS NULL OR d.key = dq_dead_purge.key)
         ORDER BY d.key
         FOR UPDATE
     )
 
-    DELETE FROM dq_dead_letters AS d
+    DELETE FROM @extschema@.dq_dead_letters AS d
     USING doomed
     WHERE d.queue = dq_dead_purge.queue AND d.key = doomed.key;
     GET DIAGNOSTICS v_deleted = ROW_COUNT;

@@ -3,15 +3,15 @@
 -- Delete one message, leased or not; true if one was deleted.
 CREATE FUNCTION dq_cancel(queue text, key text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
+    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
 BEGIN
-    PERFORM dq__check_queue(dq_cancel.queue);
-    PERFORM dq__check_name(dq_cancel.key, 'key', 200);
-    DELETE FROM dq_messages AS m
+    PERFORM @extschema@.dq__check_queue(dq_cancel.queue);
+    PERFORM @extschema@.dq__check_name(dq_cancel.key, 'key', 200);
+    DELETE FROM @extschema@.dq_messages AS m
     WHERE m.queue = dq_cancel.queue AND m.key = dq_cancel.key;
     RETURN FOUND;
 END
@@ -20,13 +20,13 @@ $$;
 -- The stored row of one message, checked arguments; backs dq_get.
 CREATE FUNCTION dq__get(p_queue text, p_key text) RETURNS SETOF dq_messages
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM dq__check_queue(p_queue);
-    PERFORM dq__check_name(p_key, 'key', 200);
+    PERFORM @extschema@.dq__check_queue(p_queue);
+    PERFORM @extschema@.dq__check_name(p_key, 'key', 200);
     RETURN QUERY
-    SELECT m.* FROM dq_messages AS m
+    SELECT m.* FROM @extschema@.dq_messages AS m
     WHERE m.queue = p_queue AND m.key = p_key;
 END
 $$;
@@ -44,36 +44,36 @@ CREATE FUNCTION dq_get(queue text, key text) RETURNS TABLE (
     created_at timestamptz
 )
 LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT
         m.queue::text, m.key::text, m.payload, m.state, m.scheduled_at,
         m.due_at, m.attempts,
         m.lock_token IS NOT NULL AND m.due_at > n.now_at,
         m.created_at
-    FROM dq__get($1, $2) AS m
-    CROSS JOIN dq_now() AS n (now_at)
+    FROM @extschema@.dq__get($1, $2) AS m
+    CROSS JOIN @extschema@.dq_now() AS n (now_at)
 $$;
 
 -- Delete every message of queue; the count deleted.
 CREATE FUNCTION dq_purge(queue text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
+    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     v_deleted bigint;
 BEGIN
-    PERFORM dq__check_queue(dq_purge.queue);
+    PERFORM @extschema@.dq__check_queue(dq_purge.queue);
     -- Locks in key order, like dq_offer_many, so the two never deadlock.
     WITH doomed AS (
-        SELECT m.id FROM dq_messages AS m
+        SELECT m.id FROM @extschema@.dq_messages AS m
         WHERE m.queue = dq_purge.queue
         ORDER BY m.key
         FOR UPDATE
     )
-    DELETE FROM dq_messages AS m
+    DELETE FROM @extschema@.dq_messages AS m
     USING doomed AS d
     WHERE m.id = d.id;
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
@@ -91,13 +91,13 @@ CREATE FUNCTION dq__stats(p_queue text) RETURNS TABLE (
     o_next_due_at timestamptz
 )
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now timestamptz := dq_now();
+    v_now timestamptz := @extschema@.dq_now();
 BEGIN
     IF p_queue IS NOT NULL THEN
-        PERFORM dq__check_queue(p_queue);
+        PERFORM @extschema@.dq__check_queue(p_queue);
     END IF;
     RETURN QUERY
     WITH counted AS (
@@ -114,7 +114,7 @@ BEGIN
             min(m.due_at) FILTER (
                 WHERE m.due_at > v_now AND m.lock_token IS NULL
             ) AS next_due_at
-        FROM dq_messages AS m
+        FROM @extschema@.dq_messages AS m
         WHERE p_queue IS NULL OR m.queue = p_queue
         GROUP BY m.queue
     )
@@ -143,31 +143,31 @@ CREATE FUNCTION dq_stats(queue text DEFAULT NULL) RETURNS TABLE (
     next_due_at timestamptz
 )
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, @extschema@, pg_temp
-AS $$ SELECT * FROM dq__stats($1) $$;
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT * FROM @extschema@.dq__stats($1) $$;
 
 -- The earliest due time in queue (leases by their end); NULL when empty.
 CREATE FUNCTION dq_next_due(queue text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_clock timestamptz := dq_now();  -- unused: an invalid dq.now fails every call
+    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
 BEGIN
-    PERFORM dq__check_queue(dq_next_due.queue);
+    PERFORM @extschema@.dq__check_queue(dq_next_due.queue);
     -- the first entry of the queue's range in (queue, due_at, id), or the
     -- next occurrence of one of its schedules if that comes first
     RETURN least(
         (
-            SELECT m.due_at FROM dq_messages AS m
+            SELECT m.due_at FROM @extschema@.dq_messages AS m
             WHERE m.queue = dq_next_due.queue
             ORDER BY m.due_at
             LIMIT 1
         ),
         (
-            SELECT s.next_at FROM dq_schedules AS s
+            SELECT s.next_at FROM @extschema@.dq_schedules AS s
             WHERE s.queue = dq_next_due.queue AND s.next_at < 'infinity'
             ORDER BY s.next_at
             LIMIT 1

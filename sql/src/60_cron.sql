@@ -6,10 +6,10 @@ CREATE FUNCTION dq__check_key_part(
     part text, arg_name text, max_length integer
 ) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM dq__check_name(part, arg_name, max_length);
+    PERFORM @extschema@.dq__check_name(part, arg_name, max_length);
     IF strpos(part, '/') > 0 THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
@@ -40,10 +40,10 @@ CREATE FUNCTION dq__cron_delete(
     p_from text DEFAULT NULL, p_below text DEFAULT NULL
 ) RETURNS integer
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_now timestamptz := dq_now();
+    v_now timestamptz := @extschema@.dq_now();
     v_deleted integer;
 BEGIN
     -- Keys are in C collation, so "starts with prefix/" is the index range
@@ -51,7 +51,7 @@ BEGIN
     -- prefix with % or _ in it means only itself.
     WITH doomed AS (
         SELECT m.id
-        FROM dq_messages AS m
+        FROM @extschema@.dq_messages AS m
         WHERE m.queue = p_queue
             AND m.key >= greatest(p_prefix || '/', p_from)
             AND m.key < least(p_prefix || '0', p_below)
@@ -65,7 +65,7 @@ BEGIN
         FOR UPDATE
     )
 
-    DELETE FROM dq_messages AS m
+    DELETE FROM @extschema@.dq_messages AS m
     USING doomed AS d
     WHERE m.id = d.id;
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
@@ -84,11 +84,11 @@ CREATE FUNCTION dq_cron_install(
     can_update boolean DEFAULT FALSE
 ) RETURNS integer
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := dq_now();
+    v_now timestamptz := @extschema@.dq_now();
     v_keys text[];
     v_payloads jsonb[];
     v_ats timestamptz[];
@@ -96,12 +96,12 @@ DECLARE
     v_range_start text;
     v_range_end text;
 BEGIN
-    PERFORM dq__check_queue(queue);
-    PERFORM dq__check_key_part(key_prefix, 'key_prefix', 100);
-    PERFORM dq__check_key_part(config_hash, 'config_hash', 64);
-    PERFORM dq__not_null(scheduled_ats, 'scheduled_ats');
-    PERFORM dq__not_null(payloads, 'payloads');
-    PERFORM dq__not_null(can_update, 'can_update');
+    PERFORM @extschema@.dq__check_queue(queue);
+    PERFORM @extschema@.dq__check_key_part(key_prefix, 'key_prefix', 100);
+    PERFORM @extschema@.dq__check_key_part(config_hash, 'config_hash', 64);
+    PERFORM @extschema@.dq__null_check(scheduled_ats IS NULL, 'scheduled_ats');
+    PERFORM @extschema@.dq__null_check(payloads IS NULL, 'payloads');
+    PERFORM @extschema@.dq__null_check(can_update IS NULL, 'can_update');
     IF cardinality(scheduled_ats) <> cardinality(payloads)
         OR coalesce(array_ndims(scheduled_ats), 1) > 1
         OR coalesce(array_ndims(payloads), 1) > 1 THEN
@@ -112,9 +112,9 @@ BEGIN
                 cardinality(scheduled_ats), cardinality(payloads)
             );
     END IF;
-    PERFORM dq__check_elements(scheduled_ats, 'scheduled_ats');
-    PERFORM dq__check_elements(payloads, 'payloads');
-    PERFORM dq__check_finite_elements(scheduled_ats, 'scheduled_ats');
+    PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(scheduled_ats, NULL), scheduled_ats IS NULL, 'scheduled_ats');
+    PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(payloads, NULL), payloads IS NULL, 'payloads');
+    PERFORM @extschema@.dq__check_finite_elements(scheduled_ats, 'scheduled_ats');
 
     -- Installers of one prefix take turns, so the last one to run sees (and
     -- replaces) everything the one before it wrote.
@@ -125,12 +125,12 @@ BEGIN
     -- order, the order every multi-row writer locks in, so none deadlock.
     v_range_start := key_prefix || '/' || config_hash || '/';
     v_range_end := key_prefix || '/' || config_hash || '0';
-    PERFORM dq__cron_delete(queue, key_prefix, config_hash, true, NULL, v_range_start);
+    PERFORM @extschema@.dq__cron_delete(queue, key_prefix, config_hash, true, NULL, v_range_start);
 
     -- Occurrences at or before now are skipped: already due means already
     -- (being) processed, and must never be installed again.
     SELECT
-        coalesce(array_agg(dq__occurrence_key(key_prefix, config_hash, o.at) ORDER BY o.ord), '{}'),
+        coalesce(array_agg(@extschema@.dq__occurrence_key(key_prefix, config_hash, o.at) ORDER BY o.ord), '{}'),
         coalesce(array_agg(o.payload ORDER BY o.ord), '{}'),
         coalesce(array_agg(o.at ORDER BY o.ord), '{}')
     INTO v_keys, v_payloads, v_ats
@@ -138,8 +138,8 @@ BEGIN
     WHERE o.at > v_now;
 
     SELECT count(*) FILTER (WHERE r.outcome = 'created') INTO v_created
-    FROM dq_offer_many(queue, v_keys, v_payloads, v_ats, can_update) AS r;
-    PERFORM dq__cron_delete(queue, key_prefix, config_hash, true, v_range_end, NULL);
+    FROM @extschema@.dq_offer_many(queue, v_keys, v_payloads, v_ats, can_update) AS r;
+    PERFORM @extschema@.dq__cron_delete(queue, key_prefix, config_hash, true, v_range_end, NULL);
     RETURN v_created;
 END
 $$;
@@ -152,14 +152,14 @@ CREATE FUNCTION dq_cron_uninstall(
     config_hash text DEFAULT NULL
 ) RETURNS integer
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM dq__check_queue(queue);
-    PERFORM dq__check_key_part(key_prefix, 'key_prefix', 100);
+    PERFORM @extschema@.dq__check_queue(queue);
+    PERFORM @extschema@.dq__check_key_part(key_prefix, 'key_prefix', 100);
     IF config_hash IS NOT NULL THEN
-        PERFORM dq__check_key_part(config_hash, 'config_hash', 64);
+        PERFORM @extschema@.dq__check_key_part(config_hash, 'config_hash', 64);
     END IF;
-    RETURN dq__cron_delete(queue, key_prefix, config_hash, false);
+    RETURN @extschema@.dq__cron_delete(queue, key_prefix, config_hash, false);
 END
 $$;

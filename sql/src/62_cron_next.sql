@@ -29,7 +29,7 @@ $$;
 -- The sorted values one cron field allows, or 22023 naming the field.
 CREATE FUNCTION dq__cron_field(spec text, field text, lo integer, hi integer) RETURNS integer[]
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_part text;
@@ -51,9 +51,9 @@ BEGIN
             v_from := lo;
             v_to := CASE WHEN field = 'day of week' THEN 6 ELSE hi END;
         ELSE
-            v_from := dq__cron_value(v_match[2], field);
+            v_from := @extschema@.dq__cron_value(v_match[2], field);
             v_to := CASE
-                WHEN v_match[4] IS NOT NULL THEN dq__cron_value(v_match[4], field)
+                WHEN v_match[4] IS NOT NULL THEN @extschema@.dq__cron_value(v_match[4], field)
                 WHEN v_match[6] IS NOT NULL THEN CASE WHEN field = 'day of week' THEN 6 ELSE hi END
                 ELSE v_from
             END;
@@ -80,12 +80,12 @@ AS $$ SELECT (instant AT TIME ZONE zone) OPERATOR(pg_catalog.-) (instant AT TIME
 -- fold, or, for a time a spring-forward gap skips, the end of the gap.
 CREATE FUNCTION dq__wall_instants(wall timestamp, zone text) RETURNS SETOF timestamptz
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_guess timestamptz := wall AT TIME ZONE zone;
-    v_before interval := dq__zone_offset(v_guess - interval '3 hours', zone);
-    v_after interval := dq__zone_offset(v_guess + interval '3 hours', zone);
+    v_before interval := @extschema@.dq__zone_offset(v_guess - interval '3 hours', zone);
+    v_after interval := @extschema@.dq__zone_offset(v_guess + interval '3 hours', zone);
     v_lo timestamptz;
     v_hi timestamptz;
     v_mid timestamptz;
@@ -105,7 +105,7 @@ BEGIN
     v_hi := v_guess + interval '3 hours';
     WHILE v_hi - v_lo > interval '1 second' LOOP
         v_mid := v_lo + (v_hi - v_lo) / 2;
-        IF dq__zone_offset(v_mid, zone) = v_after THEN
+        IF @extschema@.dq__zone_offset(v_mid, zone) = v_after THEN
             v_hi := v_mid;
         ELSE
             v_lo := v_mid;
@@ -120,7 +120,7 @@ $$;
 -- IMMUTABLE: the answer depends on the server's time zone data.
 CREATE FUNCTION dq_cron_next(expression text, after timestamptz, timezone text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, @extschema@, pg_temp
+SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_fields text[];
@@ -141,10 +141,10 @@ DECLARE
     v_minute integer;
     v_second integer;
 BEGIN
-    PERFORM dq__not_null(expression, 'expression');
-    PERFORM dq__not_null(after, 'after');
-    PERFORM dq__not_null(timezone, 'timezone');
-    PERFORM dq__check_finite(after, 'after');
+    PERFORM @extschema@.dq__null_check(expression IS NULL, 'expression');
+    PERFORM @extschema@.dq__null_check(after IS NULL, 'after');
+    PERFORM @extschema@.dq__null_check(timezone IS NULL, 'timezone');
+    PERFORM @extschema@.dq__check_finite(after, 'after');
     IF length(expression) > 1000 THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('pgdq: expression must be at most 1000 characters, got %s', length(expression));
@@ -156,12 +156,12 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('pgdq: a cron expression has 5 fields (or 6 with seconds first), got %L', expression);
     END IF;
-    v_seconds := dq__cron_field(v_fields[1], 'second', 0, 59);
-    v_minutes := dq__cron_field(v_fields[2], 'minute', 0, 59);
-    v_hours := dq__cron_field(v_fields[3], 'hour', 0, 23);
-    v_days := dq__cron_field(v_fields[4], 'day of month', 1, 31);
-    v_months := dq__cron_field(v_fields[5], 'month', 1, 12);
-    v_weekdays := dq__cron_field(v_fields[6], 'day of week', 0, 7);
+    v_seconds := @extschema@.dq__cron_field(v_fields[1], 'second', 0, 59);
+    v_minutes := @extschema@.dq__cron_field(v_fields[2], 'minute', 0, 59);
+    v_hours := @extschema@.dq__cron_field(v_fields[3], 'hour', 0, 23);
+    v_days := @extschema@.dq__cron_field(v_fields[4], 'day of month', 1, 31);
+    v_months := @extschema@.dq__cron_field(v_fields[5], 'month', 1, 12);
+    v_weekdays := @extschema@.dq__cron_field(v_fields[6], 'day of week', 0, 7);
     -- croniter's reading of "restricted": not a bare *, and not every value
     -- when the other day field has a * in it
     v_either_day := NOT (
@@ -172,8 +172,8 @@ BEGIN
 
     -- Around a DST change a later wall time can be an earlier instant, so
     -- look from 3 hours of wall time back and keep the earliest instant.
-    v_near_shift := dq__zone_offset(after - interval '3 hours', timezone)
-        <> dq__zone_offset(after + interval '3 hours', timezone);
+    v_near_shift := @extschema@.dq__zone_offset(after - interval '3 hours', timezone)
+        <> @extschema@.dq__zone_offset(after + interval '3 hours', timezone);
     v_start := date_trunc('second', after AT TIME ZONE timezone)
         - CASE WHEN v_near_shift THEN interval '3 hours' ELSE interval '0' END;
     v_day := v_start::date;
@@ -196,14 +196,14 @@ BEGIN
                         IF v_best IS NOT NULL AND v_wall > (v_best AT TIME ZONE timezone) + interval '3 hours' THEN
                             RETURN v_best;
                         END IF;
-                        FOR v_at IN SELECT w.at FROM dq__wall_instants(v_wall, timezone) AS w (at) LOOP
+                        FOR v_at IN SELECT w.at FROM @extschema@.dq__wall_instants(v_wall, timezone) AS w (at) LOOP
                             IF v_at > after AND (v_best IS NULL OR v_at < v_best) THEN
                                 v_best := v_at;
                             END IF;
                         END LOOP;
                         -- far from any DST change the first instant found is the answer
-                        IF v_best IS NOT NULL AND dq__zone_offset(v_best - interval '3 hours', timezone)
-                            = dq__zone_offset(v_best + interval '3 hours', timezone) THEN
+                        IF v_best IS NOT NULL AND @extschema@.dq__zone_offset(v_best - interval '3 hours', timezone)
+                            = @extschema@.dq__zone_offset(v_best + interval '3 hours', timezone) THEN
                             RETURN v_best;
                         END IF;
                     END LOOP;
