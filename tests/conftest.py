@@ -58,14 +58,19 @@ def database() -> str:
     _cluster_env()
     recreate_database(DB)
     with psycopg.connect(dsn(), autocommit=True) as conn:
-        if INSTALL in ("upgrade", "1.0.0"):
-            conn.execute("CREATE EXTENSION pgdq VERSION '1.0.0'")
-            if INSTALL == "upgrade":
-                conn.execute("ALTER EXTENSION pgdq UPDATE")
-        else:
-            assert INSTALL == "fresh", f"PGDQ_TEST_INSTALL must be fresh, upgrade or 1.0.0, got {INSTALL!r}"
-            conn.execute("CREATE EXTENSION pgdq")
+        install_extension(conn)
     return dsn()
+
+
+def install_extension(conn: psycopg.Connection[Any]) -> None:
+    """CREATE EXTENSION pgdq the way PGDQ_TEST_INSTALL says (fresh, upgrade, 1.0.0)."""
+    if INSTALL in ("upgrade", "1.0.0"):
+        conn.execute("CREATE EXTENSION pgdq VERSION '1.0.0'")
+        if INSTALL == "upgrade":
+            conn.execute("ALTER EXTENSION pgdq UPDATE")
+    else:
+        assert INSTALL == "fresh", f"PGDQ_TEST_INSTALL must be fresh, upgrade or 1.0.0, got {INSTALL!r}"
+        conn.execute("CREATE EXTENSION pgdq")
 
 
 @pytest.fixture
