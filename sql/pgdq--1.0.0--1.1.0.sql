@@ -535,7 +535,7 @@ BEGIN
         UNION ALL
         SELECT c.elem_key, c.final_payload, c.final_at
         FROM @extschema@.dq__offer_chain(
-            keys, payloads, scheduled_ats, can_update, v_now, NULL, NULL, NULL
+            keys, payloads, scheduled_ats, can_update, v_now, NULL::text[], NULL::jsonb[], NULL::timestamptz[]
         ) AS c
         WHERE NOT v_distinct AND c.is_last
     ),
