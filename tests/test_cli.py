@@ -1,12 +1,17 @@
 """The `pgdq` command against a real server: offer (one, and JSON Lines),
-poll, ack, stats, dead-letters; --json output and exit codes."""
+poll, ack, stats, dead-letters; --json output and exit codes (pgdq not
+installed, a malformed --dsn, install errors: one line each)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
+import psycopg
+import pytest
 from click.testing import CliRunner, Result
+from conftest import dsn, recreate_database
 from pgdq import Queue
 from pgdq.cli import main
 
@@ -88,3 +93,66 @@ def test_dead_letters(database: str, queue_name: str) -> None:
     assert as_json(pgdq(database, "dead-letters", "purge", "--json", "--yes", queue_name)) == {"purged": 1}
     with Queue(queue_name, database) as q:
         assert q.get("a") is not None and q.dead_letters() == []
+
+
+# -- exit codes: pgdq not installed, a malformed --dsn, install errors -------
+
+TOKEN = "00000000-0000-0000-0000-000000000001"
+NEEDS_PGDQ = [
+    ["offer", "q", "k", "1"],
+    ["poll", "q"],
+    ["ack", TOKEN],
+    ["stats"],
+    ["dead-letters", "list", "q"],
+    ["dead-letters", "redrive", "q"],
+    ["dead-letters", "purge", "q", "--yes"],
+    ["worker", "--queue", "q", "--handler", "json:dumps"],
+    ["upgrade"],
+    ["uninstall", "--yes"],
+]
+
+
+@pytest.fixture
+def empty(database: str) -> Iterator[str]:
+    """A database without pgdq; its conninfo."""
+    recreate_database("pgdq_cli_empty")
+    yield dsn("pgdq_cli_empty")
+    recreate_database("pgdq_cli_empty")
+
+
+def one_line_error(result: Result, code: int) -> str:
+    """The one line a failing command printed, once its exit code is checked (and no exception escaped)."""
+    assert result.exit_code == code and isinstance(result.exception, SystemExit), result.output
+    assert len(result.output.splitlines()) == 1 and result.output.startswith("Error: "), result.output
+    return result.output
+
+
+@pytest.mark.parametrize("args", NEEDS_PGDQ, ids=" ".join)
+def test_commands_exit_3_when_pgdq_is_not_installed(empty: str, args: list[str]) -> None:
+    assert "pgdq is not installed in " in one_line_error(pgdq(empty, *args), 3)
+    assert "in schema nowhere" in one_line_error(pgdq(empty, *args, "--schema", "nowhere"), 3)
+
+
+@pytest.mark.parametrize("conninfo", ["foo", "host='x", "nosuchoption=1", "postgresql://%zz@h/db"])
+def test_a_malformed_dsn_is_bad_usage(conninfo: str) -> None:
+    for args in (["stats"], ["install"], ["worker", "--queue", "q", "--handler", "json:dumps"]):
+        assert "invalid connection string: " in one_line_error(pgdq(conninfo, *args), 2)
+
+
+@pytest.mark.parametrize("conninfo", ["postgresql://x:y@:bad", "host=a=b"])
+def test_an_unusable_dsn_is_one_line(conninfo: str) -> None:
+    assert "cannot connect: " in one_line_error(pgdq(conninfo, "stats"), 1)
+
+
+def test_install_errors_are_one_line(empty: str) -> None:
+    assert pgdq(empty, "install", "--schema", "app").exit_code == 0
+    assert "pgdq is already installed in schema app" in one_line_error(pgdq(empty, "install", "--schema", "app"), 1)
+    assert "invalid --schema" in one_line_error(pgdq(empty, "install", "--schema", "a$$b"), 2)
+    with psycopg.connect(empty, autocommit=True) as admin:
+        admin.execute("DROP ROLE IF EXISTS pgdq_cli_weak")
+        admin.execute("CREATE ROLE pgdq_cli_weak")
+        try:
+            weak = psycopg.conninfo.make_conninfo(empty, options="-c role=pgdq_cli_weak")
+            assert "permission denied" in one_line_error(pgdq(weak, "install", "--schema", "other"), 1)
+        finally:
+            admin.execute("DROP ROLE pgdq_cli_weak")

@@ -1,5 +1,7 @@
 """Both install paths (extension and plain SQL), repeated installs, search_path
-hijacking, and the GRANTs the README documents for producers and consumers."""
+hijacking, the GRANTs the README documents for producers and consumers, schema
+names the scripts cannot embed, uninstall keeping users' objects, and the
+server's warnings shown at install and upgrade."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +19,9 @@ import pgdq
 import psycopg
 import pytest
 from conftest import dsn, recreate_database
-from pgdq import AlreadyInstalled, Queue, install, uninstall
+from pgdq import AlreadyInstalled, InvalidArgument, PgdqError, Queue, install, uninstall
+from pgdq._script import released_install_script
+from pgdq.install import ServerWarning, installed_version, upgrade
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -201,3 +206,106 @@ def documented_roles(admin: psycopg.Connection[Any]) -> Iterator[None]:
     finally:
         admin.execute("RESET ROLE")
         drop()
+
+
+# -- schema names the scripts cannot embed; uninstall; server warnings -------
+
+CRAFTED = [
+    "a$$b",
+    "x$$;CREATE TABLE IF NOT EXISTS public.pgdq_pwned();SELECT $$x",  # ends a $$ body
+    "z\nCREATE TABLE IF NOT EXISTS public.pgdq_pwned();--",  # ends a comment the name is in
+    "n" * 64,  # the server would truncate it
+]
+
+
+def objects(conn: psycopg.Connection[Any]) -> set[str]:
+    rows = conn.execute("SELECT relname FROM pg_class UNION ALL SELECT nspname FROM pg_namespace").fetchall()
+    return {str(name) for (name,) in rows}
+
+
+@pytest.mark.parametrize("schema", CRAFTED)
+def test_unembeddable_schema_names_are_refused_and_create_nothing(scratch: str, schema: str) -> None:
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        conn.execute("SET check_function_bodies = off")
+        before = objects(conn)
+        with pytest.raises(InvalidArgument, match="schema must"):
+            install(conn, schema)
+        with pytest.raises(InvalidArgument):
+            uninstall(conn, schema)
+        with pytest.raises(InvalidArgument):
+            upgrade(conn, schema)
+        with pytest.raises(ValueError):
+            released_install_script("1.0.0", schema)
+        assert objects(conn) == before
+    refused = pgdq_cli("install", "--dsn", scratch, "--schema", schema)
+    assert refused.returncode == 2 and refused.stderr.startswith("Error: invalid --schema: schema must")
+    assert len(refused.stderr.splitlines()) == 1
+
+
+def test_a_63_byte_schema_name_installs(scratch: str) -> None:
+    schema = "é" * 31 + "x"
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        assert install(conn, schema)
+        assert Queue("q", conn, schema=schema).version() == pgdq.__version__
+
+
+def test_uninstall_drops_only_pgdq_objects(scratch: str) -> None:
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        install(conn, "app")
+        conn.execute("CREATE FUNCTION app.dq_app_billing_report() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+        conn.execute("CREATE FUNCTION app.report() RETURNS int LANGUAGE sql AS 'SELECT 2'")
+        conn.execute("CREATE TABLE app.dq_app_audit (id int)")
+        done = pgdq_cli("uninstall", "--dsn", scratch, "--schema", "app", "--yes")
+        assert done.returncode == 0, done.stderr
+        assert conn.execute("SELECT app.dq_app_billing_report() + app.report()").fetchone() == (3,)
+        assert conn.execute("SELECT count(*) FROM app.dq_app_audit").fetchone() == (0,)
+        assert functions_in(conn, "app") == 1 and installed_version(conn, "app") is None
+        assert conn.execute("SELECT to_regclass('app.dq_messages'), to_regtype('app.dq_delivery')").fetchone() == (
+            None,
+            None,
+        )
+
+
+def test_uninstall_leaves_an_extension_install_to_drop_extension(scratch: str) -> None:
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA q")
+        conn.execute("CREATE EXTENSION pgdq SCHEMA q")
+        with pytest.raises(PgdqError, match="DROP EXTENSION pgdq"):
+            uninstall(conn, "q")
+        refused = pgdq_cli("uninstall", "--dsn", scratch, "--schema", "q", "--yes")
+        assert refused.returncode == 1 and "DROP EXTENSION pgdq" in refused.stderr
+        assert len(refused.stderr.splitlines()) == 1
+        assert installed_version(conn, "q") == pgdq.__version__
+
+
+def test_install_warns_when_every_role_may_create_in_the_schema(scratch: str) -> None:
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA open; GRANT CREATE ON SCHEMA open TO PUBLIC; CREATE SCHEMA closed")
+        with pytest.warns(ServerWarning, match="every role may create objects in schema open"):
+            install(conn, "open")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ServerWarning)
+            install(conn, "closed")
+        conn.execute("GRANT CREATE ON SCHEMA closed TO PUBLIC")
+    uninstalled = pgdq_cli("uninstall", "--dsn", scratch, "--schema", "closed", "--yes")
+    assert uninstalled.returncode == 0, uninstalled.stderr
+    done = pgdq_cli("install", "--dsn", scratch, "--schema", "closed")
+    assert done.returncode == 0 and done.stdout.startswith(f"pgdq {pgdq.__version__} installed")
+    assert done.stderr.startswith("WARNING: pgdq: every role may create objects in schema closed\n")
+    assert "HINT: REVOKE CREATE ON SCHEMA closed FROM PUBLIC" in done.stderr
+
+
+def test_upgrade_shows_the_server_warnings(scratch: str) -> None:
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        with conn.transaction():
+            conn.execute(released_install_script("1.0.0", "old").encode())
+        conn.execute(
+            "CREATE FUNCTION public.warn() RETURNS event_trigger LANGUAGE plpgsql"
+            " AS $$ BEGIN RAISE WARNING 'audit: % ran', tg_tag; END $$"
+        )
+        conn.execute(
+            "CREATE EVENT TRIGGER audit ON ddl_command_end WHEN TAG IN ('DROP FUNCTION') EXECUTE FUNCTION warn()"
+        )
+    done = pgdq_cli("upgrade", "--dsn", scratch, "--schema", "old")
+    assert done.returncode == 0, done.stderr
+    assert "WARNING: audit: DROP FUNCTION ran" in done.stderr

@@ -8,6 +8,7 @@ runs. Runs with no third-party imports, so `make sql` can call it as a file:
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -25,6 +26,26 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+# the longest name PostgreSQL keeps whole (NAMEDATALEN - 1 bytes); longer ones are truncated
+MAX_NAME_BYTES = 63
+
+
+def check_schema(name: str) -> str:
+    """name if the scripts can embed it, else ValueError: it must be 1 to 63
+    bytes, without `$` (it could end a dollar-quoted function body) or control
+    characters (a line break would end a comment the name appears in)."""
+    if not name or len(name.encode()) > MAX_NAME_BYTES:
+        raise ValueError(f"schema must be 1 to {MAX_NAME_BYTES} bytes long, got {len(name.encode())}")
+    if "$" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise ValueError(f"schema must not contain $ or control characters, got {name!r}")
+    return name
+
+
+def schema_ident(name: str) -> str:
+    """The schema as a quoted identifier the scripts can embed (check_schema)."""
+    return quote_ident(check_schema(name))
+
+
 def source_files() -> list[Path]:
     """The install sources, in the order they run."""
     for directory in SOURCE_DIRS:
@@ -37,18 +58,16 @@ def source_files() -> list[Path]:
 def plain_sql(script: str, schema: str) -> str:
     """An extension script as a plain one for schema: @extschema@ filled in,
     psql meta-commands dropped, schema first on search_path."""
-    ident = quote_ident(schema)
+    ident = schema_ident(schema)
     body = "\n".join(line for line in script.splitlines() if not line.startswith("\\echo"))
     return f"SET LOCAL search_path = {ident};\n" + body.replace("@extschema@", ident) + "\n"
 
 
 def install_script(schema: str = "public") -> str:
     """The plain install script for schema, to run inside one transaction."""
+    ident = schema_ident(schema)
     body = "\n".join(f.read_text() for f in source_files())
-    head = (
-        f"-- pgdq plain install into schema {quote_ident(schema)}; run in one transaction.\n"
-        f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)};\n"
-    )
+    head = f"-- pgdq plain install into schema {ident}; run in one transaction.\nCREATE SCHEMA IF NOT EXISTS {ident};\n"
     return head + plain_sql(body, schema)
 
 
@@ -60,7 +79,7 @@ def released_install_script(version: str, schema: str = "public") -> str:
         if path.exists():
             # the extension-only footer registers tables with pg_dump; a plain install has none
             lines = (line for line in path.read_text().splitlines() if "pg_extension_config_dump" not in line)
-            return f"CREATE SCHEMA IF NOT EXISTS {quote_ident(schema)};\n" + plain_sql("\n".join(lines), schema)
+            return f"CREATE SCHEMA IF NOT EXISTS {schema_ident(schema)};\n" + plain_sql("\n".join(lines), schema)
     raise FileNotFoundError(f"no released install script for pgdq {version}")
 
 
@@ -90,16 +109,32 @@ def upgrade_steps(installed: str, target: str) -> list[tuple[str, str, Path]]:
     return path
 
 
+# CREATE or DROP FUNCTION and the name, in the sources and step scripts
+_FUNCTION = re.compile(
+    r"^\s*(?:CREATE\s+(?:OR\s+REPLACE\s+)?|DROP\s+)FUNCTION\s+(?:IF\s+EXISTS\s+)?(?:@extschema@\.)?(dq_\w+)\s*\(",
+    re.IGNORECASE | re.MULTILINE | re.ASCII,
+)
+
+
+def function_names() -> list[str]:
+    """The names of every function pgdq creates, in this version or (through
+    the step scripts) an earlier one."""
+    scripts = [*source_files(), *(path for _, path in step_scripts().values())]
+    return sorted({name.lower() for path in scripts for name in _FUNCTION.findall(path.read_text())})
+
+
 def uninstall_script(schema: str = "public") -> str:
-    """Drop every pgdq object (messages included) from schema."""
-    ident = quote_ident(schema)
+    """Drop pgdq's functions (every overload of each of its names), tables,
+    type and messages from schema; other objects there stay."""
+    ident = schema_ident(schema)
+    names = ", ".join(f"'{name}'" for name in function_names())
     return (
         f"SET LOCAL search_path = {ident};\n"
         "DO $$ DECLARE f regprocedure; BEGIN\n"
-        "  FOR f IN SELECT p.oid::regprocedure FROM pg_proc p\n"
-        "    JOIN pg_namespace n ON n.oid = p.pronamespace\n"
-        "    WHERE n.nspname = current_schema()\n"
-        "      AND p.proname LIKE 'dq\\_%'\n"
+        "  FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p\n"
+        "    JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace\n"
+        "    WHERE n.nspname = pg_catalog.current_schema()\n"
+        f"      AND p.proname = ANY (ARRAY[{names}])\n"
         "  LOOP EXECUTE 'DROP FUNCTION ' || f; END LOOP;\n"
         "END $$;\n"
         f"DROP TABLE IF EXISTS {ident}.dq_messages, {ident}.dq_dead_letters, {ident}.dq_queues, {ident}.dq_schedules;\n"

@@ -2,8 +2,9 @@
 and dead-letters for operators and scripts (--json); worker.
 
 Exit codes: 0 done, 1 an error the message explains (pgdq's or the
-server's), 2 bad usage, 3 pgdq not installed (version), 4 some tokens were
-stale (ack).
+server's, or no connection), 2 bad usage (a malformed --dsn or an unusable
+--schema included), 3 pgdq not installed in the schema (any command that
+needs it), 4 some tokens were stale (ack).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
@@ -26,26 +28,85 @@ import psycopg
 
 from . import __version__
 from . import _statements as st
+from ._script import check_schema
 from ._sync_queue import Queue
 from .errors import PgdqError
+from .install import ServerWarning, installed_version
 from .install import install as install_sql
-from .install import installed_version
 from .install import uninstall as uninstall_sql
 from .install import upgrade as upgrade_sql
 from .model import QueueStats
 
 
+class BadInput(click.ClickException):
+    """A malformed --dsn or an unusable --schema: one line, exit 2 (bad usage)."""
+
+    exit_code = 2
+
+
+class NotInstalled(click.ClickException):
+    """pgdq is not installed where the command looks: one line, exit 3."""
+
+    exit_code = 3
+
+
+class CannotConnect(click.ClickException):
+    """The server could not be reached: one line, exit 1."""
+
+
+def _reason(error: Exception) -> str:
+    """An error in one line: a server error's primary message, else its text."""
+    primary = error.diag.message_primary if isinstance(error, psycopg.Error) else None
+    return primary or " ".join(str(error).split())
+
+
 def _connect(dsn: str | None) -> psycopg.Connection[tuple[object, ...]]:
-    """Connect to --dsn, else DATABASE_URL, else the standard PG* variables."""
+    """Connect to --dsn, else DATABASE_URL, else the standard PG* variables;
+    exit 2 when libpq cannot parse the connection string."""
     conninfo = dsn or os.environ.get("DATABASE_URL", "")
     try:
         return psycopg.connect(conninfo, autocommit=True)
+    except psycopg.ProgrammingError as e:
+        raise BadInput(f"invalid connection string: {_reason(e)}") from e
     except psycopg.OperationalError as e:
-        raise click.ClickException(f"cannot connect: {e}") from e
+        raise CannotConnect(f"cannot connect: {_reason(e)}") from e
+
+
+def _require_pgdq(conn: psycopg.Connection[Any], schema: str | None) -> None:
+    """Exit 3 unless pgdq is installed in schema (None: a schema on the search_path)."""
+    found = conn.execute(
+        "SELECT FROM pg_catalog.pg_proc AS p JOIN pg_catalog.pg_namespace AS n ON n.oid = p.pronamespace"
+        " WHERE p.proname = 'dq_version' AND CASE WHEN %(schema)s::text IS NULL"
+        " THEN n.nspname = ANY (pg_catalog.current_schemas(false)) ELSE n.nspname = %(schema)s::text END",
+        {"schema": schema},
+    ).fetchone()
+    if found is None:
+        where = f"schema {schema}" if schema else "any schema on the search_path"
+        raise NotInstalled(f"pgdq is not installed in {where}")
+
+
+def _valid_schema(ctx: click.Context, param: click.Parameter, schema: str) -> str:
+    """--schema, if pgdq's scripts can embed it; else exit 2."""
+    try:
+        return check_schema(schema)
+    except ValueError as e:
+        raise BadInput(f"invalid --schema: {e}") from e
+
+
+@contextmanager
+def _server_warnings_shown() -> Iterator[None]:
+    """Print the warnings raised inside the block (the server's, as ServerWarning) on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ServerWarning)
+        yield
+    for warning in caught:
+        click.echo(f"WARNING: {warning.message}", err=True)
 
 
 dsn_option = click.option("--dsn", envvar="PGDQ_DSN", help="conninfo or URL; default DATABASE_URL or PG* variables")
-schema_option = click.option("--schema", default="public", show_default=True, help="schema pgdq lives in")
+schema_option = click.option(
+    "--schema", default="public", show_default=True, callback=_valid_schema, help="schema pgdq lives in"
+)
 
 
 @click.group()
@@ -62,9 +123,10 @@ def install(dsn: str | None, schema: str, if_not_exists: bool) -> None:
     """Install pgdq's SQL (plain install, no extension needed)."""
     with _connect(dsn) as conn:
         try:
-            done = install_sql(conn, schema, if_not_exists=if_not_exists)
-        except PgdqError as e:
-            raise click.ClickException(str(e)) from e
+            with _server_warnings_shown():
+                done = install_sql(conn, schema, if_not_exists=if_not_exists)
+        except (PgdqError, psycopg.Error) as e:
+            raise click.ClickException(f"install failed, nothing changed: {_reason(e)}") from e
         version = installed_version(conn, schema)
     click.echo(f"pgdq {version} {'installed in' if done else 'already installed in'} schema {schema}")
 
@@ -75,13 +137,12 @@ def install(dsn: str | None, schema: str, if_not_exists: bool) -> None:
 def upgrade(dsn: str | None, schema: str) -> None:
     """Upgrade pgdq in place to this client's version (one transaction; messages, leases and schedules kept)."""
     with _connect(dsn) as conn:
-        if installed_version(conn, schema) is None:
-            click.echo(f"pgdq is not installed in schema {schema}", err=True)
-            sys.exit(3)
+        _require_pgdq(conn, schema)
         try:
-            steps = upgrade_sql(conn, schema)
+            with _server_warnings_shown():
+                steps = upgrade_sql(conn, schema)
         except (PgdqError, psycopg.Error) as e:
-            raise click.ClickException(f"upgrade failed, nothing changed: {e}") from e
+            raise click.ClickException(f"upgrade failed, nothing changed: {_reason(e)}") from e
     if not steps:
         click.echo(f"pgdq {__version__} is already current in schema {schema}; nothing to do")
     else:
@@ -94,11 +155,15 @@ def upgrade(dsn: str | None, schema: str) -> None:
 @schema_option
 @click.option("--yes", is_flag=True, help="do not ask; this deletes every message")
 def uninstall(dsn: str | None, schema: str, yes: bool) -> None:
-    """Drop pgdq and every message from the schema."""
-    if not yes:
-        click.confirm(f"Drop pgdq and all its messages from schema {schema}?", abort=True)
+    """Drop pgdq and every message from the schema (a plain install; other objects there stay)."""
     with _connect(dsn) as conn:
-        uninstall_sql(conn, schema)
+        _require_pgdq(conn, schema)
+        if not yes:
+            click.confirm(f"Drop pgdq and all its messages from schema {schema}?", abort=True)
+        try:
+            uninstall_sql(conn, schema)
+        except (PgdqError, psycopg.Error) as e:
+            raise click.ClickException(f"uninstall failed, nothing changed: {_reason(e)}") from e
     click.echo(f"pgdq uninstalled from schema {schema}")
 
 
@@ -154,6 +219,7 @@ def worker(
     from .worker import Worker
 
     fn = _import_handler(handler_spec)
+    _check_worker_database(dsn, schema)
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     runner = Worker(
         {queue: fn for queue in queues},
@@ -176,6 +242,16 @@ def worker(
     sys.exit(code)
 
 
+def _check_worker_database(dsn: str | None, schema: str | None) -> None:
+    """Exit 2 on a malformed --dsn, 3 when pgdq is not installed; a server
+    that cannot be reached yet is the worker's to wait for."""
+    try:
+        with _connect(dsn) as conn:
+            _require_pgdq(conn, schema)
+    except CannotConnect:
+        pass
+
+
 # --- operating on queues ----------------------------------------------------
 
 json_option = click.option("--json", "as_json", is_flag=True, help="machine-readable output (JSON)")
@@ -184,8 +260,9 @@ queue_schema_option = click.option("--schema", default=None, help="schema pgdq l
 
 @contextmanager
 def _queue(dsn: str | None, name: str, schema: str | None) -> Iterator[Queue]:
-    """A Queue on a fresh autocommit connection; pgdq errors become clear CLI errors."""
+    """A Queue on a fresh autocommit connection (exit 3 without pgdq); pgdq errors become clear CLI errors."""
     with _connect(dsn) as conn:
+        _require_pgdq(conn, schema)
         try:
             yield Queue(name, conn, schema=schema)
         except PgdqError as e:
@@ -389,6 +466,7 @@ def ack(dsn: str | None, schema: str | None, as_json: bool, tokens: tuple[str, .
 def stats(dsn: str | None, schema: str | None, as_json: bool, queue: str | None) -> None:
     """Ready, delayed and leased counts per queue (or of QUEUE)."""
     with _connect(dsn) as conn:
+        _require_pgdq(conn, schema)
         try:
             rows: list[tuple[Any, ...]] = conn.execute(st.statements(schema)["stats"], (queue,)).fetchall()
         except psycopg.Error as e:

@@ -2,14 +2,58 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from ._script import install_script, plain_sql, uninstall_script, upgrade_steps
+from ._script import check_schema, install_script, plain_sql, uninstall_script, upgrade_steps
 from ._version import VERSION
-from .errors import PgdqError, translate
+from .errors import InvalidArgument, PgdqError, translate
+
+
+class ServerWarning(UserWarning):
+    """A WARNING the server raised while installing or upgrading pgdq, such as
+    a schema every role may create objects in."""
+
+
+def _checked(schema: str) -> str:
+    """schema, or InvalidArgument when pgdq's scripts cannot embed it safely."""
+    try:
+        return check_schema(schema)
+    except ValueError as e:
+        raise InvalidArgument(str(e)) from e
+
+
+@contextmanager
+def _server_warnings(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Re-raise the server's WARNINGs inside the block as ServerWarning, once it succeeds."""
+    raised: list[str] = []
+
+    def keep(notice: psycopg.errors.Diagnostic) -> None:
+        if notice.severity_nonlocalized == "WARNING":
+            raised.append(_notice_text(notice))  # read it now: psycopg frees it after this call
+
+    conn.add_notice_handler(keep)
+    try:
+        yield
+    finally:
+        conn.remove_notice_handler(keep)
+    for text in raised:
+        warnings.warn(text, ServerWarning, stacklevel=4)
+
+
+def _notice_text(notice: psycopg.errors.Diagnostic) -> str:
+    """A notice as psql shows it: the message, then DETAIL and HINT lines."""
+    lines = [notice.message_primary or ""]
+    if notice.message_detail:
+        lines.append(f"DETAIL: {notice.message_detail}")
+    if notice.message_hint:
+        lines.append(f"HINT: {notice.message_hint}")
+    return "\n".join(lines)
 
 
 def installed_version(conn: psycopg.Connection[Any], schema: str = "public") -> str | None:
@@ -28,22 +72,32 @@ def installed_version(conn: psycopg.Connection[Any], schema: str = "public") -> 
 def install(conn: psycopg.Connection[Any], schema: str = "public", *, if_not_exists: bool = False) -> bool:
     """Install pgdq into schema in one transaction; True if it installed.
 
-    A second install is AlreadyInstalled, or a no-op with if_not_exists.
+    A second install is AlreadyInstalled, or a no-op with if_not_exists; a
+    schema name the script cannot embed is InvalidArgument. The server's
+    warnings (e.g. every role may create in schema) come as ServerWarning.
     """
+    script = install_script(_checked(schema))
     if if_not_exists and installed_version(conn, schema) is not None:
         return False
     try:
-        with conn.transaction():
-            conn.execute(install_script(schema).encode())
+        with _server_warnings(conn), conn.transaction():
+            conn.execute(script.encode())
     except psycopg.Error as e:
         raise translate(e) from e
     return True
 
 
 def uninstall(conn: psycopg.Connection[Any], schema: str = "public") -> None:
-    """Drop pgdq's functions, types and messages from schema (one transaction)."""
-    with conn.transaction():
-        conn.execute(uninstall_script(schema).encode())
+    """Drop pgdq's own functions, tables, type and messages from schema (one
+    transaction); an extension install is PgdqError (DROP EXTENSION removes it)."""
+    script = uninstall_script(_checked(schema))
+    if extension_schema(conn) == schema:
+        raise PgdqError(f"pgdq is installed as an extension in schema {schema}: remove it with DROP EXTENSION pgdq")
+    try:
+        with conn.transaction():
+            conn.execute(script.encode())
+    except psycopg.Error as e:
+        raise translate(e) from e
 
 
 def extension_schema(conn: psycopg.Connection[Any]) -> str | None:
@@ -60,10 +114,12 @@ def upgrade(conn: psycopg.Connection[Any], schema: str = "public") -> list[tuple
 
     A plain install runs the step scripts in order; an extension install runs
     ALTER EXTENSION pgdq UPDATE (the server needs the new extension files).
-    Concurrent upgrades of one database take turns.
+    Concurrent upgrades of one database take turns. The server's warnings
+    come as ServerWarning.
     """
+    _checked(schema)
     try:
-        with conn.transaction():
+        with _server_warnings(conn), conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('pgdq upgrade'))")
             installed = installed_version(conn, schema)
             if installed is None:
