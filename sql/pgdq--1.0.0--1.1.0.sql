@@ -1766,6 +1766,26 @@ BEGIN
 END
 $$;
 
+-- Raise a WARNING when PUBLIC may create objects in schema. pgdq's functions
+-- never call what others create there (docs/security.md), but the roles that
+-- use pgdq search that schema too: anyone could plant functions they call.
+CREATE OR REPLACE FUNCTION dq__warn_if_open_schema(schema text) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF has_schema_privilege('public', schema, 'CREATE') THEN
+        RAISE WARNING USING
+            MESSAGE = format('pgdq: every role may create objects in schema %I', schema),
+            DETAIL = 'pgdq''s functions never call objects created there, but the roles that use '
+            'pgdq search that schema too: anyone may plant functions they call by mistake.',
+            HINT = format(
+                'REVOKE CREATE ON SCHEMA %I FROM PUBLIC, or install pgdq into a schema of its own.', schema
+            );
+    END IF;
+END
+$$;
+
 -- A 1.0.0 extension install restored from a dump restarted its ids at 1 (the
 -- sequence was not dumped) and then failed every offer with a duplicate id:
 -- move the sequence past the ids in use. (The schema is current_schema():
@@ -1793,3 +1813,6 @@ BEGIN
     END IF;
 END
 $extension_only$;
+
+-- Warn when every role may create objects in pgdq's schema (docs/security.md).
+SELECT @extschema@.dq__warn_if_open_schema(pg_catalog.current_schema());

@@ -41,3 +41,6 @@ BEGIN
     END IF;
 END
 $extension_only$;
+
+-- Warn when every role may create objects in pgdq's schema (docs/security.md).
+SELECT @extschema@.dq__warn_if_open_schema(pg_catalog.current_schema());

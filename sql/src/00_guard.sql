@@ -5,7 +5,6 @@
 
 -- Refuse a second install into the same schema before anything is created, so
 -- that a repeated install is one clear error and never a half-installed state.
--- Warn when every role may create objects in the schema (docs/security.md).
 DO $guard$
 BEGIN
     -- The installer puts the target schema first on search_path.
@@ -20,14 +19,6 @@ BEGIN
             ERRCODE = '42710',
             MESSAGE = pg_catalog.format('pgdq is already installed in schema %I', pg_catalog.current_schema()),
             HINT = 'Drop it first (pgdq uninstall, or DROP EXTENSION pgdq) or install into another schema.';
-    END IF;
-    IF pg_catalog.has_schema_privilege('public', pg_catalog.current_schema(), 'CREATE') THEN
-        RAISE WARNING USING
-            MESSAGE = pg_catalog.format('pgdq: every role may create objects in schema %I', pg_catalog.current_schema()),
-            DETAIL = 'pgdq''s functions never call objects created there, but the roles that use '
-                'pgdq search that schema too: anyone may plant functions they call by mistake.',
-            HINT = pg_catalog.format('REVOKE CREATE ON SCHEMA %I FROM PUBLIC, or install pgdq into a schema of its own.',
-                pg_catalog.current_schema());
     END IF;
 END
 $guard$;
