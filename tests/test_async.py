@@ -7,8 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 import pgdq
 import psycopg
+import pydantic
 import pytest
 from pgdq import AsyncDelivery, AsyncQueue, InvalidArgument, OfferOutcome, StaleToken
+from pgdq.errors import PayloadDecodeError
 from psycopg_pool import AsyncConnectionPool
 
 
@@ -52,5 +54,27 @@ def test_async_pool_and_transaction(database: str, queue_name: str) -> None:
             assert d is not None
             assert await d.extend(600) > d.lease_until, "extend moves the lease end"
             await d.ack()
+
+    asyncio.run(main())
+
+
+class Order(pydantic.BaseModel):
+    number: int
+
+
+def test_async_poll_keeps_a_batch_with_an_undecodable_payload(database: str, queue_name: str) -> None:
+    async def main() -> None:
+        async with AsyncQueue(queue_name, database, payload_type=Order) as q:
+            await q.offer_many([("good", Order(number=1)), ("bad", {"number": "not a number"})])
+            good, bad = sorted(await q.poll_many(10), key=lambda d: d.key != "good")
+            assert good.payload == Order(number=1) and good.decode_error is None
+            assert isinstance(bad.decode_error, PayloadDecodeError) and bad.raw_payload == {"number": "not a number"}
+            assert isinstance(bad.decode_error.__cause__, pydantic.ValidationError)
+            with pytest.raises(PayloadDecodeError):
+                _ = bad.payload
+            await bad.nack(datetime.now(UTC) + timedelta(hours=1))
+            await good.ack()
+            single = await q.poll()  # nothing due: "bad" waits an hour
+            assert single is None and (await q.stats()).delayed == 1
 
     asyncio.run(main())

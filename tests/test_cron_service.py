@@ -6,14 +6,18 @@ restarting with the same configuration creates nothing; DST rules."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from datetime import time as clock
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import psycopg
+import pytest
 from pgdq import AsyncQueue, Queue, Worker
 from pgdq.cron import AsyncCronService, CronService, cron_plan, daily_plan, periodic_plan
 
@@ -41,6 +45,15 @@ def consume(database: str, queue: str, seconds: float, workers: int = 5) -> Coun
     for t in threads:
         t.join()
     return seen
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> None:
+    """Poll condition until it is truthy; fail naming what after timeout."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
 
 
 def occurrence(key: str) -> datetime:
@@ -148,6 +161,51 @@ def test_async_cron_service(database: str, queue_name: str) -> None:
             return stats.ready + stats.delayed
 
     assert asyncio.run(go()) >= 3, "the task kept installing ahead"
+
+
+def flaky(broken: threading.Event) -> Callable[[datetime], list[tuple[datetime, Any]]]:
+    """A generator: its first call works, the second raises, then (while
+    broken is set) its payload is one the server rejects (22P05)."""
+    calls: list[datetime] = []
+
+    def generate(now: datetime) -> list[tuple[datetime, Any]]:
+        calls.append(now)
+        if len(calls) == 2:
+            raise RuntimeError("generator broke")
+        at = now.replace(microsecond=0) + timedelta(hours=1)
+        return [(at, "\x00" if broken.is_set() else len(calls))]
+
+    return generate
+
+
+def test_a_failing_run_is_logged_and_retried(database: str, queue_name: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="pgdq.cron")
+    broken = threading.Event()
+    with Queue(queue_name, database) as q:
+        handle = CronService(q).install("h", "flaky", timedelta(seconds=0.1), flaky(broken))
+        broken.set()
+        wait_for(lambda: isinstance(handle.last_error, psycopg.errors.UntranslatableCharacter), "a server error")
+        broken.clear()
+        wait_for(lambda: handle.last_error is None and q.stats().delayed >= 2, "a run after the failures")
+        handle.stop()
+    failed = [r for r in caplog.records if r.getMessage().startswith("pgdq cron flaky: run failed")]
+    assert [type(r.exc_info[1]).__name__ for r in failed[:2] if r.exc_info] == [
+        "RuntimeError",
+        "UntranslatableCharacter",
+    ]
+
+
+def test_async_cron_survives_a_failing_run(database: str, queue_name: str) -> None:
+    async def go() -> tuple[int, Exception | None]:
+        async with AsyncQueue(queue_name, database) as q:
+            handle = await AsyncCronService(q).install("h", "aflaky", timedelta(seconds=0.1), flaky(threading.Event()))
+            while (await q.stats()).delayed < 2:
+                await asyncio.sleep(0.05)
+            await handle.stop()
+            return (await q.stats()).delayed, handle.last_error
+
+    delayed, last_error = asyncio.run(asyncio.wait_for(go(), 10))
+    assert delayed >= 2 and last_error is None, "installed again after the generator raised"
 
 
 def test_database_schedule_fires_with_no_scheduler_running(database: str, queue_name: str) -> None:

@@ -21,6 +21,7 @@ from pgdq import (
     QueueStats,
     StaleToken,
 )
+from pgdq.errors import PayloadDecodeError
 from psycopg_pool import ConnectionPool
 
 
@@ -212,6 +213,27 @@ def test_dataclass_and_pydantic_payloads(database: str, queue_name: str) -> None
     got = invoices.poll()
     assert got is not None and got.payload == Invoice(number="A-1", amount_cents=500)
     assert plain.offer("n", None) is OfferOutcome.CREATED, "None is the JSON null payload"
+
+
+def test_an_undecodable_payload_spoils_only_its_delivery(database: str, queue_name: str) -> None:
+    plain = Queue(queue_name, database)
+    plain.offer_many(
+        [("a", Reminder(1, "x")), ("b", {"user": 2, "wrong": "y"}), ("c", "text"), ("d", Reminder(4, "z"))]
+    )
+    typed = Queue(queue_name, database, payload_type=Reminder)
+    batch = typed.poll_many(10)
+    assert [d.key for d in batch] == ["a", "b", "c", "d"], "the whole batch comes back, leased"
+    good, bad = [d for d in batch if d.decode_error is None], [d for d in batch if d.decode_error is not None]
+    assert [d.payload for d in good] == [Reminder(1, "x"), Reminder(4, "z")]
+    assert [d.raw_payload for d in bad] == [{"user": 2, "wrong": "y"}, "text"]
+    for d in bad:
+        with pytest.raises(PayloadDecodeError, match=f"payload of '{d.key}'") as caught:
+            _ = d.payload
+        assert isinstance(caught.value.__cause__, TypeError) and caught.value.sqlstate is None
+        d.dead_letter(str(d.decode_error))
+    assert typed.ack_many([d.lock_token for d in good]) == 2 and plain.stats().leased == 0
+    assert sorted(dead.key for dead in plain.dead_letters()) == ["b", "c"]
+    plain.purge_dead_letters()
 
 
 def test_each_method_is_one_statement(database: str, queue_name: str) -> None:

@@ -5,6 +5,7 @@ and a server restart."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -217,6 +219,101 @@ def test_sync_handler_sees_the_flag(database: str, queue_name: str) -> None:
     assert saw == [True]
 
 
+@dataclass
+class Reminder:
+    user: int
+
+
+def test_an_undecodable_payload_is_dead_lettered_alone(database: str, queue_name: str) -> None:
+    seen: list[Any] = []
+    worker = Worker(queue_name, lambda d: seen.append(d.payload), dsn=database, concurrency=8, payload_type=Reminder)
+    with Queue(queue_name, database) as q:
+        q.offer_many([("a", {"user": 1}), ("b", {"user": 2, "extra": 0}), ("c", {"user": 3}), ("d", [4])])
+        with running(worker):  # one batch: two good deliveries, two that do not fit Reminder
+            wait_for(lambda: len(q.dead_letters()) == 2, "the two dead letters")
+            dead = sorted(q.dead_letters(), key=lambda d: d.key)
+            wait_for(lambda: q.stats().leased + q.stats().ready == 0, "the acks")
+            q.offer("e", {"user": 5})
+            wait_for(lambda: len(seen) == 3, "a later message: the worker still runs")
+        q.purge_dead_letters()
+    assert sorted(seen, key=lambda r: r.user) == [Reminder(1), Reminder(3), Reminder(5)]
+    assert [(d.key, d.attempts) for d in dead] == [("b", 1), ("d", 1)], "dead-lettered at once, not retried"
+    errors = [d.error or "" for d in dead]
+    assert "PayloadDecodeError" in errors[0] and "unexpected keyword argument 'extra'" in errors[0]
+    assert "Reminder needs a JSON object, got list" in errors[1]
+
+
+def test_a_failing_queue_is_paused_not_the_worker(
+    database: str, queue_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="pgdq.worker")
+    handled: list[str] = []
+    broken = queue_name + "_broken"  # its lease ends beyond the timestamp range: every poll is 22023
+    routes = {
+        broken: Route(lambda d: None, lease=timedelta(days=999_999_999)),
+        queue_name: lambda d: handled.append(d.key),
+    }
+
+    def failures() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if f"poll of queue {broken} failed" in r.getMessage()]
+
+    with Queue(queue_name, database) as q, running(Worker(routes, dsn=database)):
+        time.sleep(0.3)  # the broken queue failed its first polls
+        q.offer("k", 1)
+        wait_for(lambda: handled == ["k"], "the other queue's message")
+        assert "InvalidArgument [22023]" in failures()[0].getMessage()
+        wait_for(lambda: len(failures()) >= 4, "the broken queue's retries")
+    times = [r.created for r in failures()]
+    gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+    assert all(gap >= 0.09 * 2**i for i, gap in enumerate(gaps)), f"backoff from 0.1 s, doubling: {gaps}"
+
+
+def test_a_hung_async_handler_times_out(database: str, queue_name: str) -> None:
+    events: list[tuple[int, str]] = []
+
+    async def hangs(d: AsyncDelivery) -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            events.append((d.attempts, f"cancelled, lease_lost={lease_lost()}"))
+            raise
+
+    backoff = Backoff(base=timedelta(seconds=0.05), jitter=0)
+    worker = Worker(queue_name, hangs, dsn=database, timeout=timedelta(seconds=0.3), max_attempts=2, backoff=backoff)
+    with Queue(queue_name, database) as q, running(worker):
+        q.offer("h", 1)
+        dead = wait_for(q.dead_letters, "the dead letter after two timeouts")
+        q.purge_dead_letters()
+    assert events == [(1, "cancelled, lease_lost=True"), (2, "cancelled, lease_lost=True")]
+    assert dead[0].attempts == 2 and "HandlerTimeout: the handler ran past its timeout of 0.3 s" in str(dead[0].error)
+
+
+def test_a_hung_sync_handler_is_abandoned_and_frees_its_slot(
+    database: str, queue_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="pgdq.worker")
+    events: list[str] = []
+
+    @handler(timeout=timedelta(seconds=0.3), max_attempts=1)
+    def stuck(d: AsyncDelivery) -> None:
+        if d.key == "stuck":
+            time.sleep(1.0)  # ignores lease_lost(): Python cannot stop it
+            events.append(f"stuck returned, lease_lost={lease_lost()}")
+        else:
+            events.append(f"{d.key} handled")
+
+    with Queue(queue_name, database) as q, running(Worker(queue_name, stuck, dsn=database, concurrency=1)):
+        q.offer("stuck", 1, NOW)
+        q.offer("next", 1, NOW + timedelta(seconds=1))
+        wait_for(lambda: events, "the next message, in the freed slot")
+        dead = q.dead_letters()
+        wait_for(lambda: len(events) == 2, "the abandoned thread to return")
+        q.purge_dead_letters()
+    assert events == ["next handled", "stuck returned, lease_lost=True"]
+    assert [d.key for d in dead] == ["stuck"] and "HandlerTimeout" in (dead[0].error or "")
+    assert any(f"{queue_name}/stuck ran past its timeout" in r.getMessage() for r in caplog.records)
+
+
 # --- the command, in processes of its own -----------------------------------
 
 
@@ -281,7 +378,7 @@ def test_the_command_explains_what_it_cannot_do(tmp_path: Path, database: str, q
     assert missing.wait(20) == 2 and b"cannot load handlers:handler" in missing.communicate()[1]
     elsewhere = psycopg.conninfo.make_conninfo(database, dbname="postgres")  # no pgdq there
     proc = worker_process(tmp_path, elsewhere, queue_name, "def handler(d): pass\n")
-    assert proc.wait(20) == 1 and b"the worker stopped" in proc.communicate()[1]
+    assert proc.wait(20) == 3 and b"pgdq is not installed" in proc.communicate()[1]
 
 
 def test_crashing_consumers_end_in_the_dead_letters(tmp_path: Path, database: str, queue_name: str) -> None:

@@ -10,10 +10,10 @@ from ._sync_queue import Delivery, Queue
 from ._version import VERSION
 from .codec import Codec, JsonCodec
 from .cron import AsyncCronService, CronService
-from .errors import AlreadyInstalled, InvalidArgument, NullArgument, PgdqError, StaleToken
+from .errors import AlreadyInstalled, InvalidArgument, NullArgument, PayloadDecodeError, PgdqError, StaleToken
 from .install import install, uninstall
 from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, QueueStats, Schedule
-from .worker import Backoff, Retry, Route, Worker, handler, lease_lost
+from .worker import Backoff, HandlerTimeout, Retry, Route, Worker, handler, lease_lost
 
 __version__ = VERSION
 
@@ -27,6 +27,7 @@ __all__ = [
     "CronService",
     "DeadLetter",
     "Delivery",
+    "HandlerTimeout",
     "InvalidArgument",
     "JsonCodec",
     "Message",
@@ -34,6 +35,7 @@ __all__ = [
     "NullArgument",
     "OfferOutcome",
     "OfferResult",
+    "PayloadDecodeError",
     "PgdqError",
     "Queue",
     "QueueStats",

@@ -20,7 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import _statements as st
 from .codec import Codec, JsonCodec, dumps_array
-from .errors import StaleToken, translate
+from .errors import PayloadDecodeError, StaleToken, translate
 from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, QueueStats, Schedule
 
 _OUTCOMES = {o.value: o for o in OfferOutcome}
@@ -30,12 +30,20 @@ AsyncSource = AsyncConnection[Any] | AsyncConnectionPool[Any] | str
 
 @dataclass(frozen=True)
 class AsyncDelivery:
-    """A leased message (all dq_delivery fields) with its ack/nack/extend."""
+    """A leased message (all dq_delivery fields) with its ack/nack/extend.
+
+    payload is the payload as the queue's codec decodes it; raw_payload is
+    the JSON value as stored. When the codec cannot decode it (a payload that
+    does not fit payload_type), the delivery still comes back, leased like
+    the rest of its batch: decode_error holds a PayloadDecodeError (the
+    codec's exception as its __cause__) and reading payload raises it.
+    Dead-letter such a delivery (the Worker does), or ack or nack it.
+    """
 
     id: int
     queue: str
     key: str
-    payload: Any
+    raw_payload: Any
     state: Any
     scheduled_at: datetime
     created_at: datetime
@@ -44,6 +52,15 @@ class AsyncDelivery:
     lock_token: UUID
     lease_until: datetime
     source: AsyncQueue = field(repr=False, compare=False)
+    decode_error: PayloadDecodeError | None = field(default=None, compare=False)
+    _decoded: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def payload(self) -> Any:
+        """The decoded payload; raises decode_error if there is one."""
+        if self.decode_error is not None:
+            raise self.decode_error
+        return self._decoded
 
     async def ack(self, *, conn: AsyncConnection[Any] | None = None) -> None:
         """Delete the message; StaleToken if this delivery is no longer current."""
@@ -146,12 +163,19 @@ class AsyncQueue:
         return self.lease if lease is None else st.lease(lease)
 
     def _delivery(self, row: tuple[Any, ...]) -> AsyncDelivery:
+        """A delivery of a row; a payload the codec rejects becomes its decode_error."""
         id_, queue, key, payload, state, scheduled_at, created_at, attempts, redelivery, token, until = row
+        decoded, error = None, None
+        try:
+            decoded = self.codec.load(payload)
+        except Exception as e:  # the codec is the caller's code: any error is this delivery's alone
+            error = PayloadDecodeError(f"cannot decode the payload of {key!r} in queue {queue!r}: {e!r}")
+            error.__cause__ = e
         return AsyncDelivery(
             id=id_,
             queue=queue,
             key=key,
-            payload=self.codec.load(payload),
+            raw_payload=payload,
             state=state,
             scheduled_at=scheduled_at,
             created_at=created_at,
@@ -160,6 +184,8 @@ class AsyncQueue:
             lock_token=token,
             lease_until=until,
             source=self,
+            decode_error=error,
+            _decoded=decoded,
         )
 
     # producing
@@ -209,7 +235,9 @@ class AsyncQueue:
     ) -> list[AsyncDelivery]:
         """Lease up to max_count due messages, earliest due first (dq_poll_many).
         With ack=, first ack those tokens in the same statement (dq_ack_poll):
-        a batch consumer hands back its previous batch with its next poll."""
+        a batch consumer hands back its previous batch with its next poll.
+        A payload the codec cannot decode never fails the batch: that
+        delivery's decode_error is set (see AsyncDelivery)."""
         if ack is None:
             rows = await self._rows("poll_many", (self.name, max_count, self._lease(lease)), conn)
         else:

@@ -19,7 +19,7 @@ from psycopg_pool import ConnectionPool
 
 from . import _statements as st
 from .codec import Codec, JsonCodec, dumps_array
-from .errors import StaleToken, translate
+from .errors import PayloadDecodeError, StaleToken, translate
 from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, QueueStats, Schedule
 
 _OUTCOMES = {o.value: o for o in OfferOutcome}
@@ -29,12 +29,20 @@ Source = Connection[Any] | ConnectionPool[Any] | str
 
 @dataclass(frozen=True)
 class Delivery:
-    """A leased message (all dq_delivery fields) with its ack/nack/extend."""
+    """A leased message (all dq_delivery fields) with its ack/nack/extend.
+
+    payload is the payload as the queue's codec decodes it; raw_payload is
+    the JSON value as stored. When the codec cannot decode it (a payload that
+    does not fit payload_type), the delivery still comes back, leased like
+    the rest of its batch: decode_error holds a PayloadDecodeError (the
+    codec's exception as its __cause__) and reading payload raises it.
+    Dead-letter such a delivery (the Worker does), or ack or nack it.
+    """
 
     id: int
     queue: str
     key: str
-    payload: Any
+    raw_payload: Any
     state: Any
     scheduled_at: datetime
     created_at: datetime
@@ -43,6 +51,15 @@ class Delivery:
     lock_token: UUID
     lease_until: datetime
     source: Queue = field(repr=False, compare=False)
+    decode_error: PayloadDecodeError | None = field(default=None, compare=False)
+    _decoded: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def payload(self) -> Any:
+        """The decoded payload; raises decode_error if there is one."""
+        if self.decode_error is not None:
+            raise self.decode_error
+        return self._decoded
 
     def ack(self, *, conn: Connection[Any] | None = None) -> None:
         """Delete the message; StaleToken if this delivery is no longer current."""
@@ -145,12 +162,19 @@ class Queue:
         return self.lease if lease is None else st.lease(lease)
 
     def _delivery(self, row: tuple[Any, ...]) -> Delivery:
+        """A delivery of a row; a payload the codec rejects becomes its decode_error."""
         id_, queue, key, payload, state, scheduled_at, created_at, attempts, redelivery, token, until = row
+        decoded, error = None, None
+        try:
+            decoded = self.codec.load(payload)
+        except Exception as e:  # the codec is the caller's code: any error is this delivery's alone
+            error = PayloadDecodeError(f"cannot decode the payload of {key!r} in queue {queue!r}: {e!r}")
+            error.__cause__ = e
         return Delivery(
             id=id_,
             queue=queue,
             key=key,
-            payload=self.codec.load(payload),
+            raw_payload=payload,
             state=state,
             scheduled_at=scheduled_at,
             created_at=created_at,
@@ -159,6 +183,8 @@ class Queue:
             lock_token=token,
             lease_until=until,
             source=self,
+            decode_error=error,
+            _decoded=decoded,
         )
 
     # producing
@@ -208,7 +234,9 @@ class Queue:
     ) -> list[Delivery]:
         """Lease up to max_count due messages, earliest due first (dq_poll_many).
         With ack=, first ack those tokens in the same statement (dq_ack_poll):
-        a batch consumer hands back its previous batch with its next poll."""
+        a batch consumer hands back its previous batch with its next poll.
+        A payload the codec cannot decode never fails the batch: that
+        delivery's decode_error is set (see Delivery)."""
         if ack is None:
             rows = self._rows("poll_many", (self.name, max_count, self._lease(lease)), conn)
         else:

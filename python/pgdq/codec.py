@@ -49,7 +49,10 @@ class JsonCodec:
     """The default codec: JSON values, dataclasses, pydantic models.
 
     With payload_type set, loaded payloads become that type: a pydantic model
-    (model_validate) or a dataclass (keyword arguments).
+    (model_validate) or a dataclass (keyword arguments from a JSON object);
+    a value that does not fit raises (for a dataclass: TypeError, a value
+    other than an object or null included). JSON null stays None for a
+    dataclass, as in 1.0 (cron occurrences have a null payload by default).
     """
 
     def __init__(self, payload_type: type[Any] | None = None) -> None:
@@ -72,6 +75,10 @@ class JsonCodec:
         validate = getattr(target, "model_validate", None)
         if callable(validate):
             return validate(value)
-        if dataclasses.is_dataclass(target) and isinstance(value, dict):
+        if dataclasses.is_dataclass(target):
+            if value is None:
+                return None
+            if not isinstance(value, dict):
+                raise TypeError(f"{target.__name__} needs a JSON object, got {type(value).__name__}")
             return target(**value)
         return value

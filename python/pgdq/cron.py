@@ -40,6 +40,7 @@ Occurrences = list[tuple[datetime, Any]]
 Generator = Callable[[datetime], Iterable[tuple[datetime, Any]]]
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+RETRY_CAP = timedelta(seconds=30)  # the longest wait between retries of a failing plan (or its interval)
 
 
 @dataclass(frozen=True)
@@ -196,17 +197,21 @@ class _Schedules:
 
 
 class CronHandle:
-    """A running schedule (blocking service): created is what its first run created."""
+    """A running schedule (blocking service): created is what its first run
+    created; last_error the exception of the latest run if it failed (None
+    once a run succeeds). Failed runs are logged and retried."""
 
-    def __init__(self, created: int, stop: threading.Event, thread: threading.Thread) -> None:
+    def __init__(self, created: int) -> None:
         self.created = created
-        self._stop = stop
-        self._thread = thread
+        self.last_error: Exception | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def stop(self) -> None:
         """Stop installing (what was installed stays)."""
         self._stop.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
 
 class CronService(_Schedules):
@@ -220,33 +225,41 @@ class CronService(_Schedules):
         return self.queue.cron_install(key_prefix, config_hash, messages, can_update=can_update)
 
     def start(self, plan: Plan) -> CronHandle:
-        created = self.install_tick(plan.config_hash, plan.key_prefix, _upcoming(plan))
-        stop = threading.Event()
-        thread = threading.Thread(
-            target=self._repeat, args=(plan, stop), daemon=True, name=f"pgdq-cron-{plan.key_prefix}"
-        )
-        thread.start()
-        return CronHandle(created, stop, thread)
+        handle = CronHandle(self.install_tick(plan.config_hash, plan.key_prefix, _upcoming(plan)))
+        name = f"pgdq-cron-{plan.key_prefix}"
+        handle._thread = threading.Thread(target=self._repeat, args=(plan, handle), daemon=True, name=name)
+        handle._thread.start()
+        return handle
 
-    def _repeat(self, plan: Plan, stop: threading.Event) -> None:
-        while not stop.wait(plan.interval.total_seconds()):
+    def _repeat(self, plan: Plan, handle: CronHandle) -> None:
+        """Run the plan every interval until stopped; a failed run never ends the thread."""
+        delay = plan.interval.total_seconds()
+        while not handle._stop.wait(delay):
             try:
                 self.install_tick(plan.config_hash, plan.key_prefix, _upcoming(plan), can_update=False)
-            except TRANSIENT as e:
-                log.warning("pgdq cron %s: install failed (%s); trying again next run", plan.key_prefix, e)
+            except Exception as e:
+                handle.last_error = e
+                delay = _after_failure(plan, e, delay)
+            else:
+                handle.last_error = None
+                delay = plan.interval.total_seconds()
 
 
 class AsyncCronHandle:
-    """A running schedule (asyncio service): created is what its first run created."""
+    """A running schedule (asyncio service): created is what its first run
+    created; last_error the exception of the latest run if it failed (None
+    once a run succeeds). Failed runs are logged and retried."""
 
-    def __init__(self, created: int, task: asyncio.Task[None]) -> None:
+    def __init__(self, created: int) -> None:
         self.created = created
-        self._task = task
+        self.last_error: Exception | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def stop(self) -> None:
         """Stop installing (what was installed stays)."""
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
 
 
 class AsyncCronService(_Schedules):
@@ -263,16 +276,36 @@ class AsyncCronService(_Schedules):
         return await self.queue.cron_install(key_prefix, config_hash, messages, can_update=can_update)
 
     async def start(self, plan: Plan) -> AsyncCronHandle:
-        created = await self.install_tick(plan.config_hash, plan.key_prefix, _upcoming(plan))
-        return AsyncCronHandle(created, asyncio.create_task(self._repeat(plan)))
+        handle = AsyncCronHandle(await self.install_tick(plan.config_hash, plan.key_prefix, _upcoming(plan)))
+        handle._task = asyncio.create_task(self._repeat(plan, handle))
+        return handle
 
-    async def _repeat(self, plan: Plan) -> None:
+    async def _repeat(self, plan: Plan, handle: AsyncCronHandle) -> None:
+        """Run the plan every interval until cancelled; a failed run never ends the task."""
+        delay = plan.interval.total_seconds()
         while True:
-            await asyncio.sleep(plan.interval.total_seconds())
+            await asyncio.sleep(delay)
             try:
                 await self.install_tick(plan.config_hash, plan.key_prefix, _upcoming(plan), can_update=False)
-            except TRANSIENT as e:
-                log.warning("pgdq cron %s: install failed (%s); trying again next run", plan.key_prefix, e)
+            except Exception as e:
+                handle.last_error = e
+                delay = _after_failure(plan, e, delay)
+            else:
+                handle.last_error = None
+                delay = plan.interval.total_seconds()
+
+
+def _after_failure(plan: Plan, error: Exception, delay: float) -> float:
+    """Log a failed run; the wait before the next: the interval after a lost
+    connection (it heals), else the last wait doubled, up to RETRY_CAP (or
+    the interval, if longer), logged with the traceback."""
+    interval = plan.interval.total_seconds()
+    if isinstance(error, TRANSIENT):
+        log.warning("pgdq cron %s: install failed (%s); trying again next run", plan.key_prefix, error)
+        return interval
+    after = min(delay * 2, max(interval, RETRY_CAP.total_seconds()))
+    log.error("pgdq cron %s: run failed; trying again in %.1f s", plan.key_prefix, after, exc_info=error)
+    return after
 
 
 def _upcoming(plan: Plan) -> Occurrences:

@@ -34,6 +34,12 @@ class StaleToken(PgdqError):
     It comes from a false/NULL answer, not a server error, so sqlstate is None."""
 
 
+class PayloadDecodeError(PgdqError):
+    """The queue's codec could not decode a message's payload (into its
+    payload_type); the codec's exception is the __cause__. Client-side, so
+    sqlstate is None. Raised when reading such a delivery's payload."""
+
+
 class AlreadyInstalled(PgdqError):
     """pgdq is already installed in the target schema (SQLSTATE 42710)."""
 

@@ -6,9 +6,13 @@ backoff, dead letters, wake-ups instead of polling, and a clean shutdown.
 
 A handler takes the delivery (payload decoded) and returns when the work is
 done; the worker acks it. Async handlers run as asyncio tasks, plain functions
-in a thread pool. Raising `Retry(at=..., state=...)` brings the message back
+each in a thread of its own. Raising `Retry(at=..., state=...)` brings the message back
 at a chosen time with a checkpoint; any other exception retries it with the
-backoff policy, and after max_attempts moves it to the dead letters.
+backoff policy, and after max_attempts moves it to the dead letters. A
+handler running past its timeout (none by default) is treated as a failure.
+A delivery whose payload cannot be decoded goes to the dead letters at once,
+with the decoding error. Errors of one queue's polls pause that queue (with
+backoff), not the worker.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ import os
 import random
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -35,6 +40,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ._async_queue import AsyncDelivery, AsyncQueue
 from .codec import Codec
+from .errors import PgdqError
 
 log = logging.getLogger("pgdq.worker")
 
@@ -71,6 +77,11 @@ class Retry(Exception):  # noqa: N818 - raised as control flow, like StopIterati
         self.state = state
 
 
+class HandlerTimeout(Exception):  # noqa: N818 - the failure recorded, like Retry
+    """The failure a handler running past its timeout is retried (and at
+    last dead-lettered) with; the worker records it, handlers do not raise it."""
+
+
 @dataclass(frozen=True)
 class Route:
     """A queue's handler and its overrides of the worker's defaults."""
@@ -79,15 +90,21 @@ class Route:
     lease: timedelta | None = None
     max_attempts: int | None = None
     backoff: Backoff | None = None
+    timeout: timedelta | None = None
 
 
 def handler(
-    *, lease: timedelta | None = None, max_attempts: int | None = None, backoff: Backoff | None = None
+    *,
+    lease: timedelta | None = None,
+    max_attempts: int | None = None,
+    backoff: Backoff | None = None,
+    timeout: timedelta | None = None,
 ) -> Callable[[T], T]:
-    """Decorator: per-handler overrides of lease, max_attempts and backoff."""
+    """Decorator: per-handler overrides of lease, max_attempts, backoff and timeout."""
 
     def mark(fn: T) -> T:
-        fn.__pgdq_route__ = {"lease": lease, "max_attempts": max_attempts, "backoff": backoff}  # type: ignore[attr-defined]
+        marks = {"lease": lease, "max_attempts": max_attempts, "backoff": backoff, "timeout": timeout}
+        fn.__pgdq_route__ = marks  # type: ignore[attr-defined]
         return fn
 
     return mark
@@ -101,6 +118,7 @@ class _Policy:
     lease: timedelta
     max_attempts: int
     backoff: Backoff
+    timeout: timedelta | None
 
 
 @dataclass
@@ -109,9 +127,17 @@ class _Running:
 
     queue: AsyncQueue
     delivery: AsyncDelivery
-    lost: threading.Event = field(default_factory=threading.Event)  # the lease was lost
-    abandoned: bool = False  # handed back at shutdown: its outcome no longer counts
+    lost: threading.Event = field(default_factory=threading.Event)  # lease_lost(): lease lost or timed out
+    ours: bool = True  # the outcome is ours to write: not once the lease was lost or handed back
     task: asyncio.Task[Any] | None = None  # the async handler's task
+
+
+@dataclass
+class _Pause:
+    """A call about one queue that keeps failing: when to try it again."""
+
+    failures: int = 0
+    until: float = 0.0  # time.monotonic()
 
 
 _current: contextvars.ContextVar[_Running] = contextvars.ContextVar("pgdq_current")
@@ -119,15 +145,22 @@ _current: contextvars.ContextVar[_Running] = contextvars.ContextVar("pgdq_curren
 
 def lease_lost() -> bool:
     """Inside a handler: True once its lease was lost (another consumer may
-    have the message now). Sync handlers should check it and stop; async
-    handlers are cancelled instead."""
+    have the message now) or it ran past its timeout. Sync handlers should
+    check it and stop; async handlers are cancelled instead."""
     running = _current.get(None)
     return running is not None and running.lost.is_set()
 
 
 class Worker:
     """Consume one or more queues. queues is a queue name (with handler) or a
-    mapping of queue name to handler or Route."""
+    mapping of queue name to handler or Route.
+
+    timeout (default None: none) bounds each handler call; past it the
+    handler is told to stop (lease_lost(); an async one is cancelled, a sync
+    one's thread is abandoned, as Python cannot stop it), its slot is freed
+    and the message is retried with backoff, then dead-lettered after
+    max_attempts, as a failure (HandlerTimeout). Route and @handler override it.
+    """
 
     def __init__(
         self,
@@ -144,6 +177,7 @@ class Worker:
         schema: str | None = None,
         codec: Codec | None = None,
         payload_type: type[Any] | None = None,
+        timeout: timedelta | None = None,
     ) -> None:
         if isinstance(queues, str):
             if handler is None:
@@ -155,10 +189,13 @@ class Worker:
         self.concurrency = concurrency
         self.grace = grace
         self.idle_cap = idle_cap
-        defaults = _Policy(route_missing, lease, max_attempts, backoff or Backoff())
+        defaults = _Policy(route_missing, lease, max_attempts, backoff or Backoff(), timeout)
         self.routes = {name: _resolve(r, defaults) for name, r in queues.items()}
+        if any(r.timeout is not None and r.timeout <= timedelta(0) for r in self.routes.values()):
+            raise ValueError("a handler timeout must be positive (None: no timeout)")
         self._queue_args: dict[str, Any] = {"schema": schema, "codec": codec, "payload_type": payload_type}
         self._running: dict[asyncio.Task[None], _Running] = {}
+        self._pauses: dict[tuple[str, str], _Pause] = {}
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._signals = 0
@@ -186,16 +223,14 @@ class Worker:
             name="pgdq-worker",
         )
         await pool.open(wait=False)
-        threads = ThreadPoolExecutor(self.concurrency, thread_name_prefix="pgdq-handler")
         queues = {name: AsyncQueue(name, pool, lease=r.lease, **self._queue_args) for name, r in self.routes.items()}
         listener = asyncio.create_task(self._listen())
         try:
             await self._configure(queues)
-            await self._consume(queues, threads)
+            await self._consume(queues)
             await self._drain()
         finally:
             listener.cancel()
-            threads.shutdown(wait=False, cancel_futures=True)
             await pool.close()
             if handle_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
@@ -229,9 +264,9 @@ class Worker:
             configure = partial(q.configure, max_attempts=self.routes[name].max_attempts)
             await self._retrying(f"configure {name}", configure)
 
-    async def _consume(self, queues: Mapping[str, AsyncQueue], threads: ThreadPoolExecutor) -> None:
-        """Fill free slots with polls; when nothing is due, sleep until the next
-        due time, a wake-up, a free slot or the stop."""
+    async def _consume(self, queues: Mapping[str, AsyncQueue]) -> None:
+        """Fill free slots with polls of the queues not paused; when nothing is
+        due, sleep until the next due time, a wake-up, a free slot or the stop."""
         order = list(queues)
         while not self._stopping.is_set():
             self._wake.clear()
@@ -242,21 +277,28 @@ class Worker:
                 for name in order:
                     if got >= free or self._stopping.is_set():
                         break
-                    batch = await self._safely(queues[name].poll_many(free - got), [])
+                    if self._pause_left(name, "poll"):
+                        continue
+                    batch = await self._guarded(name, "poll", queues[name].poll_many(free - got), [])
                     for delivery in batch:
-                        self._start(queues[name], delivery, threads)
+                        self._start(queues[name], delivery)
                     got += len(batch)
             if got == 0 and not self._stopping.is_set():
                 await self._idle(queues, free > 0)
 
     async def _idle(self, queues: Mapping[str, AsyncQueue], slots_free: bool) -> None:
         """Wait for a wake-up, a finished handler, or (with free slots) the
-        earliest next due time of the queues, at most idle_cap."""
+        earliest next due time of the queues or end of a pause, at most idle_cap."""
         wait = self.idle_cap.total_seconds()
         if slots_free:
             now = datetime.now(UTC)
-            for q in queues.values():
-                due = await self._safely(q.next_due(), None)
+            for name, q in queues.items():
+                if paused := self._pause_left(name, "poll"):
+                    wait = min(wait, paused)
+                    continue
+                if self._pause_left(name, "next_due"):
+                    continue
+                due = await self._guarded(name, "next_due", q.next_due(), None)
                 if due is not None:
                     wait = min(wait, max(0.0, (due - now).total_seconds()))
         if wait > 0:
@@ -284,9 +326,9 @@ class Worker:
 
     # --- handling ------------------------------------------------------------
 
-    def _start(self, q: AsyncQueue, delivery: AsyncDelivery, threads: ThreadPoolExecutor) -> None:
+    def _start(self, q: AsyncQueue, delivery: AsyncDelivery) -> None:
         run = _Running(q, delivery)
-        task = asyncio.create_task(self._handle(run, threads))
+        task = asyncio.create_task(self._handle(run))
         self._running[task] = run
         task.add_done_callback(self._finished)
 
@@ -296,42 +338,52 @@ class Worker:
         if not task.cancelled() and task.exception() is not None:
             log.error("pgdq worker: internal error", exc_info=task.exception())
 
-    async def _handle(self, run: _Running, threads: ThreadPoolExecutor) -> None:
-        """Run the handler under a heartbeat, then ack, retry or dead-letter."""
+    async def _handle(self, run: _Running) -> None:
+        """Run the handler under a heartbeat, then ack, retry or dead-letter;
+        an undecodable payload goes to the dead letters without a handler."""
         policy = self.routes[run.queue.name]
+        if run.delivery.decode_error is not None:
+            await self._settle(run, partial(self._bury_undecodable, run))
+            return
         heartbeat = asyncio.create_task(self._heartbeat(run, policy.lease))
         _current.set(run)
         outcome: Callable[[], Awaitable[bool]]
         try:
-            await self._call(policy.handler, run, threads)
+            await self._call(policy, run)
             outcome = partial(run.queue.ack, run.delivery.lock_token)
         except asyncio.CancelledError:
-            if not (run.lost.is_set() or run.abandoned):
+            if run.ours:
                 raise
             return
         except Retry as retry:
             outcome = partial(self._retry, run, policy, retry)
-        except Exception as error:
+        except Exception as error:  # HandlerTimeout included
             outcome = partial(self._fail, run, policy, error)
         finally:
             heartbeat.cancel()
         await self._settle(run, outcome)
 
     @staticmethod
-    async def _call(fn: Handler, run: _Running, threads: ThreadPoolExecutor) -> None:
-        """An async handler as a task of its own (so a lost lease can cancel
-        it), a plain one in the thread pool."""
+    async def _call(policy: _Policy, run: _Running) -> None:
+        """Call the handler: an async one as a task of its own (so a lost lease
+        can cancel it), a plain one in a thread of its own (so one abandoned
+        keeps no slot); HandlerTimeout past policy.timeout."""
+        fn = policy.handler
         if inspect.iscoroutinefunction(fn):
             run.task = asyncio.create_task(fn(run.delivery))
-            await run.task
+            work: asyncio.Future[Any] = run.task
         else:
-            context = contextvars.copy_context()
-            await asyncio.get_running_loop().run_in_executor(threads, context.run, fn, run.delivery)
+            work = asyncio.wrap_future(_in_thread(contextvars.copy_context().run, fn, run.delivery))
+        limit = None if policy.timeout is None else policy.timeout.total_seconds()
+        done, _ = await asyncio.wait({work}, timeout=limit)
+        if not done:
+            raise _time_out(run, work, limit)
+        work.result()
 
     async def _settle(self, run: _Running, call: Callable[[], Awaitable[Any]]) -> None:
         """Ack / nack / dead-letter, unless the lease was lost or the delivery
         was handed back; retried while the server is unreachable."""
-        if run.lost.is_set() or run.abandoned:
+        if not run.ours:
             log.warning("pgdq worker: %s finished after its lease was lost; left alone", run.delivery.key)
             return
         if not await self._retrying(f"settle {run.delivery.key}", call):
@@ -351,12 +403,18 @@ class Worker:
     async def _fail(self, run: _Running, route: _Policy, error: Exception) -> bool:
         d = run.delivery
         if d.attempts >= route.max_attempts:
-            text = "".join(traceback.format_exception(error))[-4000:]
             log.warning("pgdq worker: %s failed %s times, dead-lettered: %r", d.key, d.attempts, error)
-            return await run.queue.dead_letter(d.lock_token, text)
+            return await run.queue.dead_letter(d.lock_token, _error_text(error))
         at = datetime.now(UTC) + route.backoff.delay(d.attempts)
         log.info("pgdq worker: %s failed (%r), retrying at %s", d.key, error, at.isoformat())
         return await run.queue.nack(d.lock_token, at)
+
+    @staticmethod
+    async def _bury_undecodable(run: _Running) -> bool:
+        """Dead-letter a delivery whose payload the codec rejected, with why."""
+        d = run.delivery
+        log.error("pgdq worker: %s/%s: payload cannot be decoded, dead-lettered: %s", d.queue, d.key, d.decode_error)
+        return await run.queue.dead_letter(d.lock_token, _error_text(d.decode_error))
 
     async def _heartbeat(self, run: _Running, lease: timedelta) -> None:
         """Extend the lease every lease/3; on a stale token, mark it lost and
@@ -370,6 +428,7 @@ class Worker:
                 continue
             if until is None:
                 log.warning("pgdq worker: lease of %s lost; its result will be ignored", run.delivery.key)
+                run.ours = False
                 run.lost.set()
                 if run.task is not None:
                     run.task.cancel()
@@ -384,7 +443,7 @@ class Worker:
         _, pending = await asyncio.wait(set(self._running), timeout=self.grace.total_seconds())
         for task in pending:
             run = self._running[task]
-            run.abandoned = True
+            run.ours = False
             if run.task is not None:
                 run.task.cancel()
             handed_back = await self._safely(run.queue.nack(run.delivery.lock_token), False)
@@ -407,6 +466,34 @@ class Worker:
             log.warning("pgdq worker: database unreachable (%s); retrying", e)
             await asyncio.sleep(1.0)
             return fallback
+
+    async def _guarded(self, queue: str, what: str, call: Awaitable[T], fallback: T) -> T:
+        """A call (what) about one queue, as _safely; any other error (a bad
+        argument, permission denied, ...) is logged naming the queue, and
+        pauses that call of that queue alone, 0.1 s doubling up to idle_cap."""
+        try:
+            result = await self._safely(call, fallback)
+        except Exception as e:
+            pause = self._pauses.setdefault((queue, what), _Pause())
+            pause.failures += 1
+            delay = min(0.1 * 2 ** (pause.failures - 1), self.idle_cap.total_seconds())
+            pause.until = time.monotonic() + delay
+            log.error(
+                "pgdq worker: %s of queue %s failed (%s); trying again in %.1f s, other queues go on",
+                what,
+                queue,
+                _describe(e),
+                delay,
+                exc_info=not isinstance(e, (psycopg.Error, PgdqError)),
+            )
+            return fallback
+        self._pauses.pop((queue, what), None)
+        return result
+
+    def _pause_left(self, queue: str, what: str) -> float:
+        """Seconds until a paused call (what) of queue may be tried again; 0 if not paused."""
+        pause = self._pauses.get((queue, what))
+        return 0.0 if pause is None else max(0.0, pause.until - time.monotonic())
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
         """Call until it gets through, backing off from 0.1 s to 5 s."""
@@ -434,4 +521,43 @@ def _resolve(route: Handler | Route, worker: _Policy) -> _Policy:
         route.lease or marks.get("lease") or worker.lease,
         route.max_attempts or marks.get("max_attempts") or worker.max_attempts,
         route.backoff or marks.get("backoff") or worker.backoff,
+        route.timeout or marks.get("timeout") or worker.timeout,
     )
+
+
+def _in_thread(fn: Callable[..., T], *args: Any) -> Future[T]:
+    """fn(*args) in a new daemon thread (named pgdq-handler); its future."""
+    future: Future[T] = Future()
+    future.set_running_or_notify_cancel()  # running: a cancel cannot drop its result
+
+    def target() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:
+            future.set_exception(e)
+
+    threading.Thread(target=target, name="pgdq-handler", daemon=True).start()
+    return future
+
+
+def _time_out(run: _Running, work: asyncio.Future[Any], limit: float | None) -> HandlerTimeout:
+    """A handler past its timeout: lease_lost() turns true, an async one is
+    cancelled, a sync one abandoned (its thread runs on) and reported."""
+    run.lost.set()
+    work.cancel()
+    what = "cancelled" if run.task is not None else "abandoned, its thread still running"
+    log.error(
+        "pgdq worker: handler of %s/%s ran past its timeout of %s s; %s", run.queue.name, run.delivery.key, limit, what
+    )
+    return HandlerTimeout(f"the handler ran past its timeout of {limit} s")
+
+
+def _describe(error: Exception) -> str:
+    """An error in one line, with its SQLSTATE if it has one."""
+    sqlstate = getattr(error, "sqlstate", None)
+    return f"{type(error).__name__}{f' [{sqlstate}]' if sqlstate else ''}: {' '.join(str(error).split())}"
+
+
+def _error_text(error: BaseException | None) -> str:
+    """What a dead letter records of an error: its traceback, at most 4000 characters."""
+    return "".join(traceback.format_exception(error))[-4000:] if error is not None else ""
