@@ -426,3 +426,11 @@ def test_worker_survives_a_server_restart(database: str) -> None:
             wait_for(lambda: len(handled) == 20, "the batch after the restart", timeout=40)
             wait_for(lambda: q.stats().leased + q.stats().ready == 0, "the acks")
             q.purge()
+
+
+def test_zero_overrides_are_refused_not_replaced_by_defaults(database: str) -> None:
+    """1.0.0 read Route(lease=timedelta(0)) as 'no override' and used the worker's lease."""
+    with pytest.raises(ValueError, match="positive lease"):
+        Worker({"q": Route(print, lease=timedelta(0))}, dsn=database)
+    with pytest.raises(ValueError, match="max_attempts"):
+        Worker({"q": Route(print, max_attempts=0)}, dsn=database)

@@ -203,6 +203,12 @@ def _import_handler(spec: str) -> Callable[..., Any]:
 @click.option("--lease", default=60.0, show_default=True, type=click.FloatRange(min=0.1), help="lease seconds")
 @click.option("--max-attempts", default=10, show_default=True, type=click.IntRange(min=1), help="then dead-letter")
 @click.option("--grace", default=30.0, show_default=True, type=click.FloatRange(min=0), help="seconds on SIGTERM")
+@click.option(
+    "--timeout",
+    default=None,
+    type=click.FloatRange(min=0, min_open=True),
+    help="seconds a handler may run (default: no limit)",
+)
 @click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING"]))
 def worker(
     dsn: str | None,
@@ -213,6 +219,7 @@ def worker(
     lease: float,
     max_attempts: int,
     grace: float,
+    timeout: float | None,
     log_level: str,
 ) -> None:
     """Consume queues with a handler until SIGTERM / SIGINT (exit 0 when clean)."""
@@ -229,6 +236,7 @@ def worker(
         lease=timedelta(seconds=lease),
         max_attempts=max_attempts,
         grace=timedelta(seconds=grace),
+        timeout=None if timeout is None else timedelta(seconds=timeout),
     )
     try:
         code = runner.run()

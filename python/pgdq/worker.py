@@ -193,6 +193,8 @@ class Worker:
         self.routes = {name: _resolve(r, defaults) for name, r in queues.items()}
         if any(r.timeout is not None and r.timeout <= timedelta(0) for r in self.routes.values()):
             raise ValueError("a handler timeout must be positive (None: no timeout)")
+        if any(r.lease <= timedelta(0) or r.max_attempts < 1 for r in self.routes.values()):
+            raise ValueError("every queue needs a positive lease and max_attempts >= 1")
         self._queue_args: dict[str, Any] = {"schema": schema, "codec": codec, "payload_type": payload_type}
         self._running: dict[asyncio.Task[None], _Running] = {}
         self._pauses: dict[tuple[str, str], _Pause] = {}
@@ -321,8 +323,10 @@ class Worker:
                             self._wake.set()
             except TRANSIENT as e:
                 log.warning("pgdq worker: wake-up connection lost (%s); reconnecting in %.1f s", e, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+            except psycopg.Error as e:  # not fatal: polls still run, woken by idle_cap meanwhile
+                log.error("pgdq worker: LISTEN dq_wakeup failed (%s); retrying in %.1f s", e, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     # --- handling ------------------------------------------------------------
 
@@ -426,6 +430,9 @@ class Worker:
             except TRANSIENT as e:
                 log.warning("pgdq worker: heartbeat for %s failed (%s); trying again", run.delivery.key, e)
                 continue
+            except psycopg.Error as e:
+                log.error("pgdq worker: heartbeat for %s refused (%s); trying again", run.delivery.key, e)
+                continue
             if until is None:
                 log.warning("pgdq worker: lease of %s lost; its result will be ignored", run.delivery.key)
                 run.ours = False
@@ -518,11 +525,16 @@ def _resolve(route: Handler | Route, worker: _Policy) -> _Policy:
     marks = getattr(route.handler, "__pgdq_route__", {})
     return _Policy(
         route.handler,
-        route.lease or marks.get("lease") or worker.lease,
-        route.max_attempts or marks.get("max_attempts") or worker.max_attempts,
-        route.backoff or marks.get("backoff") or worker.backoff,
-        route.timeout or marks.get("timeout") or worker.timeout,
+        _first_set(route.lease, marks.get("lease"), worker.lease),
+        _first_set(route.max_attempts, marks.get("max_attempts"), worker.max_attempts),
+        _first_set(route.backoff, marks.get("backoff"), worker.backoff),
+        _first_set(route.timeout, marks.get("timeout"), worker.timeout),
     )
+
+
+def _first_set(*values: Any) -> Any:
+    """The first value that is not None (a zero or empty setting counts as set)."""
+    return next((v for v in values if v is not None), None)
 
 
 def _in_thread(fn: Callable[..., T], *args: Any) -> Future[T]:
