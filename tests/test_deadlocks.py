@@ -14,6 +14,11 @@ leases expire and get re-polled, and max_attempts buries messages, so every
 operation keeps touching the rows the others lock. Any error at all fails the
 pair; the message lists the failing calls with SQLSTATE, text and context.
 PGDQ_DEADLOCK_SECONDS stretches each pair (default 0.6 s) for a deeper soak.
+
+Besides the pairs: a four-session mix on a queue with max_attempts 1
+(burying polls, dq_offer_many and dq_dead_redrive on the same keys, five pair
+lengths: 3 s by default), and the same race step by step, where a redrive
+waits while a later key is buried again or its dead letter purged.
 """
 
 from __future__ import annotations
@@ -296,27 +301,39 @@ def call_stack(context: str) -> str:
     return " <- ".join(frames) or context
 
 
-def hammer(database: str, op: str, seed: str, w: Workload, start: threading.Barrier) -> Tally:
-    """Run OPS[op] in a loop for PAIR_SECONDS after the start line; what it did."""
+def hammer(
+    database: str, op: str, seed: str, w: Workload, start: threading.Barrier, ops: dict[str, Op], seconds: float
+) -> Tally:
+    """Run ops[op] in a loop for seconds after the start line; what it did."""
     rng = random.Random(seed)
     tally = Tally(op)
     with connect(database, op) as conn:
         start.wait(timeout=60)
-        deadline = time.monotonic() + PAIR_SECONDS
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not conn.broken:
             try:
-                OPS[op](conn, rng, w)
+                ops[op](conn, rng, w)
                 tally.rounds += 1
             except CallFailed as failed:
                 tally.failures.append(failure(op, failed))
     return tally
 
 
-def run_sessions(database: str, w: Workload, ops: Sequence[str], seed: str) -> list[Tally]:
-    """One thread and session per entry of ops, started together; joined, so calls in flight count."""
+def run_sessions(
+    database: str,
+    w: Workload,
+    ops: Sequence[str],
+    seed: str,
+    table: dict[str, Op] = OPS,
+    seconds: float = PAIR_SECONDS,
+) -> list[Tally]:
+    """One thread and session per entry of ops (names in table), started
+    together, each for seconds; joined, so calls in flight count."""
     start = threading.Barrier(len(ops))
     with ThreadPoolExecutor(len(ops)) as pool:
-        futures = [pool.submit(hammer, database, op, f"{seed}/{i}", w, start) for i, op in enumerate(ops)]
+        futures = [
+            pool.submit(hammer, database, op, f"{seed}/{i}", w, start, table, seconds) for i, op in enumerate(ops)
+        ]
         return [f.result() for f in futures]
 
 
@@ -395,3 +412,165 @@ def test_six_sessions_install_one_prefix_with_alternating_hashes(database: str) 
     with psycopg.connect(database, autocommit=True) as conn:
         remaining = call(conn, "dq_stats", queue, column="delayed")
     assert remaining == [REPORT_OCCURRENCES], "one configuration's occurrences are left"
+
+
+# Issue 11, finding 3: polls that bury messages against dq_dead_redrive.
+# A queue with max_attempts 1 and four sessions: dq_offer_many re-offering
+# keys that have dead letters, two pollers with 5 ms leases that never ack
+# (each buries the other's expired leases: every message is buried on its
+# second delivery) and dq_dead_redrive in a loop. Every key keeps cycling
+# through offer, lease, bury and redrive, so a redrive that waited keeps
+# meeting keys offered, leased and buried after its statement's snapshot.
+# 1.0.0 locked the dead letters (those its NOT EXISTS, from that snapshot,
+# let through) before it inserted their messages, while a bury holds the
+# message and then wants the dead letter: 40P01 in most runs of this test,
+# now and then in a three-way cycle through dq_offer_many.
+MIX_SECONDS = 5 * PAIR_SECONDS
+MIX_KEYS = tuple(f"m{i:02d}" for i in range(12))
+MIX_LEASE = timedelta(milliseconds=5)
+MIX_BATCH = len(MIX_KEYS)
+MIX_REDRIVEN: list[int] = []  # what each dq_dead_redrive call returned
+
+
+def mix_offer_dead_keys(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> None:
+    """dq_offer_many of 1..MIX_BATCH keys that have dead letters (any keys while there are none)."""
+    dead = call(conn, "dq_dead_list", w.queue, len(MIX_KEYS), column="key") or list(MIX_KEYS)
+    keys = rng.sample(dead, rng.randint(1, min(MIX_BATCH, len(dead))))
+    call(conn, "dq_offer_many", w.queue, keys, payloads(rng, len(keys)))
+
+
+def mix_poll_bury(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> None:
+    """dq_poll_many of 1..MIX_BATCH messages with a 5 ms lease, never acked: the next poll buries them."""
+    call(conn, "dq_poll_many", w.queue, rng.randint(1, MIX_BATCH), MIX_LEASE, column="id")
+
+
+def mix_redrive(conn: psycopg.Connection[Any], rng: random.Random, w: Workload) -> None:
+    """dq_dead_redrive of one key, now and then of the whole queue; counts what it re-offered."""
+    MIX_REDRIVEN.extend(call(conn, "dq_dead_redrive", w.queue, rng.choice((None, None, None, *MIX_KEYS))))
+
+
+MIX_OPS: dict[str, Op] = {
+    "offer_many_dead": mix_offer_dead_keys,
+    "poll_bury": mix_poll_bury,
+    "dead_redrive": mix_redrive,
+}
+
+
+def test_no_deadlock_between_burying_polls_redrive_and_offers(database: str) -> None:
+    queue = "deadlocks-bury-redrive"
+    w = Workload(queue, ())
+    with psycopg.connect(database, autocommit=True) as conn:
+        call(conn, "dq_purge", queue)
+        call(conn, "dq_dead_purge", queue)
+        call(conn, "dq_configure", queue, 1)
+        call(conn, "dq_offer_many", queue, list(MIX_KEYS), payloads(random.Random(queue), len(MIX_KEYS)))
+    ops = ["offer_many_dead", "poll_bury", "poll_bury", "dead_redrive"]
+    MIX_REDRIVEN.clear()
+    tallies = run_sessions(database, w, ops, seed=queue, table=MIX_OPS, seconds=MIX_SECONDS)
+    failures = [f for t in tallies for f in t.failures]
+    assert not failures, "burying polls vs redrive vs offers: " + report(failures)
+    assert all(t.rounds > 0 for t in tallies), [(t.op, t.rounds) for t in tallies]
+    assert sum(MIX_REDRIVEN) > 0, "polls buried messages and the redrive re-offered them"
+
+
+# The same race, step by step: a redrive's statement snapshot goes stale
+# while its insert waits for an uncommitted offer of an earlier key, and
+# meanwhile a later key is offered, delivered and buried again (its dead
+# letter replaced), or its dead letter is purged. 1.0.0 deadlocked with the
+# bury here, or re-offered the stale payload and removed the newer dead
+# letter (the newer payload was lost); the message-first redrive of 1.1.0
+# did the latter every time, and re-offered a dead letter that dq_dead_purge
+# had deleted and counted.
+def bury(conn: psycopg.Connection[Any], queue: str, key: str, payload: dict[str, str]) -> None:
+    """Offer key with payload, lease it and dead-letter it."""
+    call(conn, "dq_offer", queue, key, Jsonb(payload))
+    tokens = call(conn, "dq_poll_many", queue, 10, timedelta(minutes=5), column="lock_token")
+    assert len(tokens) == 1, "only the key just offered is ready"
+    assert call(conn, "dq_dead_letter", tokens[0], "failed") == [True]
+
+
+def message(conn: psycopg.Connection[Any], queue: str, key: str) -> tuple[Any, ...] | None:
+    """key's live message as (payload, attempts), None when there is none."""
+    row = conn.execute("SELECT payload, attempts FROM dq_get(%s, %s)", (queue, key)).fetchone()
+    return None if row is None else tuple(row)
+
+
+def in_thread(run: Callable[[], list[Any]]) -> tuple[threading.Thread, list[Any]]:
+    """Start run in a thread; the list gets its result or the CallFailed it raised."""
+    outcome: list[Any] = []
+
+    def target() -> None:
+        try:
+            outcome.append(run())
+        except CallFailed as failed:
+            outcome.append(failed)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def wait_blocked_or_done(admin: psycopg.Connection[Any], pid: int, thread: threading.Thread) -> None:
+    """Until the session pid waits for a lock, or thread has finished."""
+    for _ in range(1000):
+        if not thread.is_alive():
+            return
+        waits = admin.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+        if waits and waits[0] == "Lock":
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"session {pid} neither waited for a lock nor finished")
+
+
+def results(*outcomes: list[Any]) -> list[Any]:
+    """Each outcome's value; fails with the calls that raised."""
+    failed = [o[0] for o in outcomes if o and isinstance(o[0], CallFailed)]
+    assert not failed, report([failure("race", f) for f in failed])
+    assert all(len(o) == 1 for o in outcomes), "every call finished"
+    return [o[0] for o in outcomes]
+
+
+@pytest.mark.parametrize("meanwhile", ["buried_again", "purged"])
+def test_redrive_that_waited_reoffers_exactly_the_dead_letters_it_removes(database: str, meanwhile: str) -> None:
+    queue = f"deadlocks-redrive-waited-{meanwhile}"
+    with (
+        connect(database, "setup") as conn,
+        connect(database, "redrive") as redriver,
+        connect(database, "meanwhile") as other,
+        psycopg.connect(database) as holder,
+        psycopg.connect(database, autocommit=True) as admin,
+    ):
+        call(conn, "dq_purge", queue)
+        call(conn, "dq_dead_purge", queue)
+        bury(conn, queue, "a", {"v": "a-old"})
+        bury(conn, queue, "b", {"v": "b-old"})
+        call(holder, "dq_offer", queue, "a", Jsonb({"v": "a-live"}))  # not committed yet
+        redrive, redriven = in_thread(lambda: call(redriver, "dq_dead_redrive", queue))
+        wait_blocked_or_done(admin, redriver.info.backend_pid, redrive)
+        assert redrive.is_alive(), "the redrive waits for the uncommitted offer of a"
+
+        if meanwhile == "buried_again":
+            call(other, "dq_offer", queue, "b", Jsonb({"v": "b-new"}))
+            (token,) = call(other, "dq_poll_many", queue, 10, timedelta(minutes=5), column="lock_token")
+            step, stepped = in_thread(lambda: call(other, "dq_dead_letter", token, "failed again"))
+        else:
+            step, stepped = in_thread(lambda: call(other, "dq_dead_purge", queue, "b"))
+        wait_blocked_or_done(admin, other.info.backend_pid, step)
+        holder.commit()
+        redrive.join(30)
+        step.join(30)
+        (count,), (stepped_result,) = results(redriven, stepped)
+
+        live = {k: message(conn, queue, k) for k in ("a", "b")}
+        dead = {r[0]: r[1] for r in conn.execute("SELECT key, payload FROM dq_dead_list(%s)", (queue,))}
+    assert live["a"] == ({"v": "a-live"}, 0) and dead["a"] == {"v": "a-old"}, "a has a live message: left alone"
+    if meanwhile == "buried_again":
+        # the bury came first (the redrive waited): the redrive re-offers the newer dead letter
+        seen = (stepped_result, count, live.get("b"), dead.get("b"))
+        assert seen == (True, 1, ({"v": "b-new"}, 0), None), f"(buried, redriven, message b, dead letter b): {seen}"
+    else:
+        # one of them came first: purged and not re-offered, or re-offered and not purged
+        seen = (stepped_result, count, live.get("b"), dead.get("b"))
+        assert seen in ((1, 0, None, None), (0, 1, ({"v": "b-old"}, 0), None)), (
+            f"(purged, redriven, message b, dead letter b): {seen}"
+        )

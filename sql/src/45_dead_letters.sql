@@ -138,11 +138,15 @@ BEGIN
         PERFORM @extschema@.dq__check_name(v_key, 'key', 200);
     END IF;
     PERFORM @extschema@.dq__check_finite(dq_dead_redrive.scheduled_at, 'scheduled_at');
-    -- Messages first, then their dead letters: the order a bury takes them
-    -- in (it holds the message when it writes the dead letter), so the two
-    -- never deadlock; keys in key order, like every multi-row writer. Keys
-    -- with a live message are left alone, filtered out before anything
-    -- waits: a poll may be burying such a key right now.
+    -- Lock order (docs/sql-reference.md, Concurrency): messages in key
+    -- order, then dead letters in key order, the order a bury takes them in
+    -- (it holds the message when it writes the dead letter). So first the
+    -- messages. ON CONFLICT DO NOTHING skips every key that has a live
+    -- message, however recently offered; NOT EXISTS only spares most of them
+    -- an insert. Both go by this statement's snapshot, which is stale after
+    -- an insert waited (for an offer, ack or bury of that key): meanwhile a
+    -- later key may have been offered, leased and buried again, its dead
+    -- letter replaced (or purged). The next statement sets that right.
     WITH offered AS (
         INSERT INTO @extschema@.dq_messages AS m (queue, key, payload, scheduled_at, due_at, created_at)
         SELECT v_queue, d.key, d.payload, v_at, v_at, v_now
@@ -158,18 +162,40 @@ BEGIN
     )
 
     SELECT coalesce(array_agg(offered.key), '{}') INTO v_offered FROM offered;
-    v_count := cardinality(v_offered);
 
+    -- Then their dead letters, locked afresh in key order and removed. Each
+    -- new message takes the payload of the dead letter removed (a newer one
+    -- when its key was buried again while the insert waited), and one whose
+    -- dead letter is gone is withdrawn: what is re-offered is exactly what
+    -- is removed. Those messages are this call's own rows: nothing waits.
     WITH doomed AS (
         SELECT d.key FROM @extschema@.dq_dead_letters AS d
         WHERE d.queue = v_queue AND d.key = ANY(v_offered)
         ORDER BY d.key
         FOR UPDATE
+    ),
+
+    removed AS (
+        DELETE FROM @extschema@.dq_dead_letters AS d
+        USING doomed
+        WHERE d.queue = v_queue AND d.key = doomed.key
+        RETURNING d.key, d.payload
+    ),
+
+    refreshed AS (
+        UPDATE @extschema@.dq_messages AS m
+        SET payload = r.payload
+        FROM removed AS r
+        WHERE m.queue = v_queue AND m.key = r.key AND m.payload <> r.payload
+    ),
+
+    withdrawn AS (
+        DELETE FROM @extschema@.dq_messages AS m
+        WHERE m.queue = v_queue AND m.key = ANY(v_offered)
+            AND NOT EXISTS (SELECT FROM removed AS r WHERE r.key = m.key)
     )
 
-    DELETE FROM @extschema@.dq_dead_letters AS d
-    USING doomed
-    WHERE d.queue = v_queue AND d.key = doomed.key;
+    SELECT count(*)::integer INTO v_count FROM removed;
     IF v_count > 0 THEN
         PERFORM @extschema@.dq__wake_if_head(v_queue, v_at);
     END IF;
