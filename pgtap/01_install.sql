@@ -104,7 +104,7 @@ INSERT INTO expected VALUES
 (
     'dq_schedules',
     'queue text DEFAULT NULL::text',
-    'TABLE(queue text, name text, expression text, timezone text, payload jsonb, max_missed integer, next_at timestamp with time zone)'  -- noqa: LT05
+    'TABLE(queue text, name text, expression text, timezone text, payload jsonb, max_missed integer, next_at timestamp with time zone, last_error text, last_error_at timestamp with time zone, failures integer)'  -- noqa: LT05
 );
 
 SELECT is(

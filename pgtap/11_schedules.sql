@@ -1,7 +1,7 @@
 -- Schedules kept by the database and dq_cron_next (additions to api-v1):
 -- DST rules, materialisation by polls, catch-up, replacement, removal.
 BEGIN;
-SELECT plan(31);
+SELECT plan(56);
 SET LOCAL timezone = 'UTC';
 
 -- dq_cron_next, DST edges included (the values croniter gives)
@@ -101,8 +101,177 @@ SELECT throws_ok(
     'pgdq: after must be a finite time, got infinity', 'an infinite after is 22023'
 );
 SELECT lives_ok(
-    format('SELECT dq_cron_next(%L, now(), %L)', repeat('59,', 330) || '59 * * * *', 'UTC'),
-    'a long expression within the limit works'
+    format(
+        'SELECT dq_cron_next(%L, now(), %L)',
+        repeat('0-59,', 59) || '0-59 ' || repeat('0-59,', 59) || '0-59 * * * *', 'UTC'
+    ),
+    'a long expression within the limits works'
+);
+
+-- bounded parsing (api-v1.1): list sizes, names, the timestamp range
+SELECT throws_ok(
+    format('SELECT dq_cron_next(%L, now(), %L)', '0' || repeat(',0', 60) || ' * * * *', 'UTC'), '22023',
+    'pgdq: minute field has 61 list items, at most 60', 'a list of more than 60 items is 22023'
+);
+SELECT is(
+    dq_cron_next(
+        array_to_string(array(SELECT g.g FROM generate_series(0, 59) AS g (g)), ',') || ' 0 * * *', '2024-01-01 10:00Z', 'UTC'
+    ),
+    '2024-01-02 00:00+00', 'a list of 60 items is fine'
+);
+SELECT throws_ok(
+    format('SELECT dq_cron_next(%L, now(), %L)', repeat('59,', 16666) || '59 * * * *', 'UTC'), '22023',
+    'pgdq: expression must be at most 1000 characters, got 50008', 'a 50,000-character expression is 22023'
+);
+SELECT throws_ok(
+    $$SELECT dq_cron_next('0 0 * jan-mon *', now(), 'UTC')$$, '22023',
+    'pgdq: unknown name ''mon'' in month field ''jan-mon''', 'an unknown name is called unknown, not out of range'
+);
+SELECT throws_ok(
+    $$SELECT dq_cron_next('* * * * *', '294270-01-01 00:00Z', 'UTC')$$, '22023',
+    'pgdq: after must be from 4713-01-01 BC to 294270-01-01 UTC, got 294270-01-01 00:00:00+00',
+    'an after whose 5-year search would leave the timestamp range is 22023'
+);
+SELECT throws_ok(
+    $$SELECT * FROM dq_schedules('')$$, '22023', 'pgdq: queue must be 1 to 100 characters long, got 0',
+    'dq_schedules checks a given queue name'
+);
+
+-- dq_schedule_set never returns a past time
+SELECT set_config('dq.now', '2024-01-01 10:00:30+00', TRUE);
+SELECT dq_schedule_set('t_past', 'tick', '* * * * *');
+SELECT set_config('dq.now', '2024-01-01 10:05:30+00', TRUE);
+SELECT is(
+    dq_schedule_set('t_past', 'tick', '* * * * *'), '2024-01-01 10:06:00+00'::timestamptz,
+    'the same configuration again, unpolled since it came due: the next occurrence after now'
+);
+SELECT is(
+    (SELECT array_agg(scheduled_at) FROM dq_poll_many('t_past', 10)), ARRAY['2024-01-01 10:05:00+00'::timestamptz],
+    'and the next poll still delivers the occurrence that came due'
+);
+
+-- an every-second schedule across the fall-back, idle for 30 minutes,
+-- max_missed 100: the 100 most recent occurrences (1.0.0 took 54 s)
+SELECT set_config('dq.now', '2026-11-01 05:40:00+00', TRUE);
+SELECT dq_schedule_set('t_dst', 'sec', '* * * * * *', 'America/New_York', '{}', 100);
+SELECT set_config('dq.now', '2026-11-01 06:10:00+00', TRUE);
+SET LOCAL statement_timeout = '10s';
+SELECT is(
+    (SELECT array_agg(scheduled_at ORDER BY scheduled_at) FROM dq_poll_many('t_dst', 1000)),
+    array(
+        SELECT g.at FROM generate_series('2026-11-01 06:08:21+00'::timestamptz, '2026-11-01 06:10:00+00', '1 second') AS g (at)
+    ),
+    'a poll after 30 idle minutes of an every-second schedule across the fall-back'
+);
+SET LOCAL statement_timeout = 0;
+
+-- A schedule that fails never stops its queue's polls: the error is kept in
+-- dq_schedules, the schedule is tried again 1, 2, 4 ... 60 minutes later.
+SELECT set_config('dq.now', '294269-12-31 19:00:00+00', TRUE);
+SELECT dq_schedule_set('t_end', 'yearly', '0 20 31 12 *');
+SELECT dq_offer('t_end', 'plain', '{}');
+SELECT set_config('dq.now', '294276-12-31 23:00:00+00', TRUE);
+SELECT is(
+    (SELECT array_agg(key) FROM dq_poll_many('t_end', 10, '1 minute')), ARRAY['plain'],
+    'a schedule at the end of the timestamp range does not stop the poll (1.0.0: 22008)'
+);
+SELECT is(
+    (SELECT (last_error, last_error_at, failures, next_at)::text FROM dq_schedules('t_end')),
+    (
+        'pgdq: after must be from 4713-01-01 BC to 294270-01-01 UTC, got 294276-12-31 23:00:00+00 (SQLSTATE 22023)',
+        '294276-12-31 23:00:00+00'::timestamptz, 1, 'infinity'::timestamptz
+    )::text,
+    'its error shows in dq_schedules'
+);
+
+SELECT set_config('dq.now', '2024-01-01 10:00:30+00', TRUE);
+SELECT dq_schedule_set('t_bad', 'huge', '* * * * *');
+-- as a 1.0.0 install could have stored it
+UPDATE dq_schedules SET expression = repeat('59,', 16666) || '59 * * * *'
+WHERE queue = 't_bad';
+SELECT dq_offer('t_bad', 'plain', '{}');
+SELECT set_config('dq.now', '2024-01-01 10:01:30+00', TRUE);
+SELECT is(
+    (SELECT array_agg(key) FROM dq_poll_many('t_bad', 10)), ARRAY['plain'],
+    'a schedule with a 50,000-character expression does not stop the poll'
+);
+SELECT is(
+    (SELECT (last_error, last_error_at, failures, next_at)::text FROM dq_schedules('t_bad')),
+    (
+        'pgdq: expression must be at most 1000 characters, got 50008 (SQLSTATE 22023)',
+        '2024-01-01 10:01:30+00'::timestamptz, 1, '2024-01-01 10:02:30+00'::timestamptz
+    )::text,
+    'its error shows; it is tried again in a minute'
+);
+SELECT is(dq_next_due('t_bad'), '2024-01-01 10:02:30+00'::timestamptz, 'dq_next_due counts the next attempt');
+SELECT set_config('dq.now', '2024-01-01 10:02:29+00', TRUE);
+SELECT dq_poll_many('t_bad', 10);
+SELECT is((SELECT failures FROM dq_schedules('t_bad')), 1, 'not before');
+SELECT set_config('dq.now', '2024-01-01 10:02:30+00', TRUE);
+SELECT dq_poll_many('t_bad', 10);
+SELECT is(
+    (SELECT (failures, next_at)::text FROM dq_schedules('t_bad')), (2, '2024-01-01 10:04:30+00'::timestamptz)::text,
+    'then 2 minutes later'
+);
+SELECT is(
+    dq_schedule_set('t_bad', 'huge', '* * * * *'), '2024-01-01 10:03:00+00'::timestamptz,
+    'dq_schedule_set mends it'
+);
+SELECT is(
+    (SELECT array_agg(scheduled_at) FROM dq_poll_many('t_bad', 10)), ARRAY['2024-01-01 10:02:00+00'::timestamptz],
+    'and the next poll delivers what it missed (max_missed 1: the latest)'
+);
+SELECT is(
+    (SELECT (last_error, last_error_at, failures, next_at)::text FROM dq_schedules('t_bad')),
+    (NULL::text, NULL::timestamptz, 0, '2024-01-01 10:03:00+00'::timestamptz)::text,
+    'a success clears the error'
+);
+
+-- errors of the schedule's own statements (a trigger), and a statement
+-- timeout that fires while a schedule is materialised
+CREATE FUNCTION pg_temp.t_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.key LIKE 'hourly/%' THEN
+        RAISE EXCEPTION 'refused by a trigger';
+    ELSIF NEW.key LIKE 'stall/%' THEN
+        PERFORM pg_sleep(10);
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER t_refuse BEFORE INSERT ON dq_messages FOR EACH ROW EXECUTE FUNCTION pg_temp.t_refuse();
+SELECT set_config('dq.now', '2024-01-01 09:30:00+00', TRUE);
+SELECT dq_schedule_set('t_flaky', 'hourly', '0 * * * *');
+SELECT dq_offer('t_flaky', 'plain', '{}');
+SELECT dq_schedule_set('t_slow', 'stall', '0 * * * *');
+SELECT dq_offer('t_slow', 'plain', '{}');
+SELECT set_config('dq.now', '2024-01-01 10:00:30+00', TRUE);
+SELECT is(
+    (SELECT array_agg(key) FROM dq_poll_many('t_flaky', 10)), ARRAY['plain'],
+    'a schedule whose insert fails does not stop the poll'
+);
+SELECT is(
+    (SELECT last_error FROM dq_schedules('t_flaky')), 'refused by a trigger (SQLSTATE P0001)', 'its error shows'
+);
+SET LOCAL statement_timeout = '300ms';
+SELECT is(
+    (SELECT array_agg(key) FROM dq_poll_many('t_slow', 10)), ARRAY['plain'],
+    'a poll whose statement timeout fires while a schedule is materialised still delivers the other messages'
+);
+SET LOCAL statement_timeout = 0;
+SELECT is(
+    (SELECT (last_error LIKE '% (SQLSTATE 57014)', failures) FROM dq_schedules('t_slow')), (TRUE, 1),
+    'the timeout is that schedule''s error'
+);
+DROP TRIGGER t_refuse ON dq_messages;
+SELECT set_config('dq.now', '2024-01-01 10:01:30+00', TRUE);
+SELECT is(
+    (SELECT array_agg(scheduled_at) FROM dq_poll_many('t_flaky', 10)), ARRAY['2024-01-01 10:00:00+00'::timestamptz],
+    'tried again, it delivers the occurrence that failed'
+);
+SELECT is(
+    (SELECT (last_error, failures, next_at)::text FROM dq_schedules('t_flaky')),
+    (NULL::text, 0, '2024-01-01 11:00:00+00'::timestamptz)::text, 'and is well again'
 );
 
 SELECT * FROM finish();

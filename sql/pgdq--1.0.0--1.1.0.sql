@@ -14,6 +14,13 @@ DROP FUNCTION dq__cron_delete(text, text, text, boolean);
 -- would be called instead (docs/security.md).
 DROP FUNCTION dq__not_null(anyelement, text);
 DROP FUNCTION dq__check_elements(anyarray, text);
+-- dq_schedules shows a schedule's last error (1.1): new columns, a new result.
+ALTER TABLE @extschema@.dq_schedules
+    ADD COLUMN last_error text,
+    ADD COLUMN last_error_at timestamptz,
+    ADD COLUMN failures integer NOT NULL DEFAULT 0,
+    ADD COLUMN missed_from timestamptz;
+DROP FUNCTION dq_schedules(text);
 
 -- Every function of 1.1.0, as sql/src defines it.
 -- The time dq.now pins the clock to (STRICT: never called when it is unset);
@@ -979,11 +986,15 @@ BEGIN
         PERFORM @extschema@.dq__check_name(v_key, 'key', 200);
     END IF;
     PERFORM @extschema@.dq__check_finite(dq_dead_redrive.scheduled_at, 'scheduled_at');
-    -- Messages first, then their dead letters: the order a bury takes them
-    -- in (it holds the message when it writes the dead letter), so the two
-    -- never deadlock; keys in key order, like every multi-row writer. Keys
-    -- with a live message are left alone, filtered out before anything
-    -- waits: a poll may be burying such a key right now.
+    -- Lock order (docs/sql-reference.md, Concurrency): messages in key
+    -- order, then dead letters in key order, the order a bury takes them in
+    -- (it holds the message when it writes the dead letter). So first the
+    -- messages. ON CONFLICT DO NOTHING skips every key that has a live
+    -- message, however recently offered; NOT EXISTS only spares most of them
+    -- an insert. Both go by this statement's snapshot, which is stale after
+    -- an insert waited (for an offer, ack or bury of that key): meanwhile a
+    -- later key may have been offered, leased and buried again, its dead
+    -- letter replaced (or purged). The next statement sets that right.
     WITH offered AS (
         INSERT INTO @extschema@.dq_messages AS m (queue, key, payload, scheduled_at, due_at, created_at)
         SELECT v_queue, d.key, d.payload, v_at, v_at, v_now
@@ -999,18 +1010,40 @@ BEGIN
     )
 
     SELECT coalesce(array_agg(offered.key), '{}') INTO v_offered FROM offered;
-    v_count := cardinality(v_offered);
 
+    -- Then their dead letters, locked afresh in key order and removed. Each
+    -- new message takes the payload of the dead letter removed (a newer one
+    -- when its key was buried again while the insert waited), and one whose
+    -- dead letter is gone is withdrawn: what is re-offered is exactly what
+    -- is removed. Those messages are this call's own rows: nothing waits.
     WITH doomed AS (
         SELECT d.key FROM @extschema@.dq_dead_letters AS d
         WHERE d.queue = v_queue AND d.key = ANY(v_offered)
         ORDER BY d.key
         FOR UPDATE
+    ),
+
+    removed AS (
+        DELETE FROM @extschema@.dq_dead_letters AS d
+        USING doomed
+        WHERE d.queue = v_queue AND d.key = doomed.key
+        RETURNING d.key, d.payload
+    ),
+
+    refreshed AS (
+        UPDATE @extschema@.dq_messages AS m
+        SET payload = r.payload
+        FROM removed AS r
+        WHERE m.queue = v_queue AND m.key = r.key AND m.payload <> r.payload
+    ),
+
+    withdrawn AS (
+        DELETE FROM @extschema@.dq_messages AS m
+        WHERE m.queue = v_queue AND m.key = ANY(v_offered)
+            AND NOT EXISTS (SELECT FROM removed AS r WHERE r.key = m.key)
     )
 
-    DELETE FROM @extschema@.dq_dead_letters AS d
-    USING doomed
-    WHERE d.queue = v_queue AND d.key = doomed.key;
+    SELECT count(*)::integer INTO v_count FROM removed;
     IF v_count > 0 THEN
         PERFORM @extschema@.dq__wake_if_head(v_queue, v_at);
     END IF;
@@ -1389,12 +1422,16 @@ BEGIN
 END
 $$;
 
--- One name or number of a cron field as its number (NULL when it is neither).
+-- One name or number of a cron field as its number: 10000 (out of every
+-- range) for a number of more than 4 digits, NULL for an unknown name.
 CREATE OR REPLACE FUNCTION dq__cron_value(token text, field text) RETURNS integer
 LANGUAGE sql IMMUTABLE
 AS $$
     SELECT CASE
-        WHEN token OPERATOR(pg_catalog.~) '^[0-9]{1,4}$' THEN token::pg_catalog.int4
+        WHEN token OPERATOR(pg_catalog.~) '^[0-9]+$' THEN CASE
+            WHEN pg_catalog.length(token) OPERATOR(pg_catalog.<=) 4 THEN token::pg_catalog.int4
+            ELSE 10000
+        END
         WHEN field OPERATOR(pg_catalog.=) 'month' THEN pg_catalog.array_position(
             ARRAY['jan', 'feb', 'mar', 'apr', 'may', 'jun', 'jul', 'aug', 'sep', 'oct', 'nov', 'dec'], token
         )
@@ -1404,20 +1441,29 @@ AS $$
     END
 $$;
 
--- The sorted values one cron field allows, or 22023 naming the field.
+-- The sorted values one cron field allows, or 22023 naming the field. At
+-- most 60 list items (no field has more values); linear in the field's
+-- length: each item is read once and the values are made in one query.
 CREATE OR REPLACE FUNCTION dq__cron_field(spec text, field text, lo integer, hi integer) RETURNS integer[]
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_parts text[] := string_to_array(lower(spec), ',');
     v_part text;
     v_match text[];
     v_from integer;
     v_to integer;
     v_step integer;
-    v_values integer[] := '{}';
+    v_froms integer[] := '{}';
+    v_tos integer[] := '{}';
+    v_steps integer[] := '{}';
 BEGIN
-    FOREACH v_part IN ARRAY string_to_array(lower(spec), ',') LOOP
+    IF cardinality(v_parts) > 60 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('pgdq: %s field has %s list items, at most 60', field, cardinality(v_parts));
+    END IF;
+    FOREACH v_part IN ARRAY v_parts LOOP
         v_match := regexp_match(v_part, '^(\*|\?|([a-z0-9]+)(-([a-z0-9]+))?)(/([0-9]{1,4}))?$');
         v_step := coalesce(v_match[6]::integer, 1);
         IF v_match IS NULL OR v_step = 0 THEN
@@ -1435,94 +1481,55 @@ BEGIN
                 WHEN v_match[6] IS NOT NULL THEN CASE WHEN field = 'day of week' THEN 6 ELSE hi END
                 ELSE v_from
             END;
+            IF v_from IS NULL OR v_to IS NULL THEN
+                RAISE EXCEPTION USING ERRCODE = '22023',
+                    MESSAGE = format(
+                        'pgdq: unknown name %L in %s field %L',
+                        CASE WHEN v_from IS NULL THEN v_match[2] ELSE v_match[4] END, field, spec
+                    );
+            END IF;
         END IF;
-        IF v_from IS NULL OR v_to IS NULL OR v_from < lo OR v_to > hi OR v_from > v_to THEN
+        IF v_from < lo OR v_to > hi OR v_from > v_to THEN
             RAISE EXCEPTION USING ERRCODE = '22023',
                 MESSAGE = format('pgdq: %s field %L is out of range %s-%s or reversed', field, spec, lo, hi);
         END IF;
-        v_values := v_values || ARRAY(SELECT generate_series(v_from, v_to, v_step));
-    END LOOP;
-    IF field = 'day of week' THEN
-        v_values := array_replace(v_values, 7, 0);  -- 7 is Sunday too
-    END IF;
-    RETURN ARRAY(SELECT DISTINCT v.v FROM unnest(v_values) AS v (v) ORDER BY v.v);
-END
-$$;
-
--- The UTC offset of zone at instant.
-CREATE OR REPLACE FUNCTION dq__zone_offset(instant timestamptz, zone text) RETURNS interval
-LANGUAGE sql STABLE
-AS $$ SELECT (instant AT TIME ZONE zone) OPERATOR(pg_catalog.-) (instant AT TIME ZONE 'UTC') $$;
-
--- The instants at which zone's clocks read wall: one, two in a fall-back
--- fold, or, for a time a spring-forward gap skips, the end of the gap.
-CREATE OR REPLACE FUNCTION dq__wall_instants(wall timestamp, zone text) RETURNS SETOF timestamptz
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_guess timestamptz := wall AT TIME ZONE zone;
-    v_before interval := @extschema@.dq__zone_offset(v_guess - interval '3 hours', zone);
-    v_after interval := @extschema@.dq__zone_offset(v_guess + interval '3 hours', zone);
-    v_lo timestamptz;
-    v_hi timestamptz;
-    v_mid timestamptz;
-    v_found bigint;
-BEGIN
-    RETURN QUERY
-    SELECT DISTINCT c.at
-    FROM (VALUES ((wall - v_before) AT TIME ZONE 'UTC'), ((wall - v_after) AT TIME ZONE 'UTC')) AS c (at)
-    WHERE (c.at AT TIME ZONE zone) = wall
-    ORDER BY c.at;
-    GET DIAGNOSTICS v_found = ROW_COUNT;
-    IF v_found > 0 THEN
-        RETURN;
-    END IF;
-    -- in a gap: bisect for the first instant on the new offset
-    v_lo := v_guess - interval '3 hours';
-    v_hi := v_guess + interval '3 hours';
-    WHILE v_hi - v_lo > interval '1 second' LOOP
-        v_mid := v_lo + (v_hi - v_lo) / 2;
-        IF @extschema@.dq__zone_offset(v_mid, zone) = v_after THEN
-            v_hi := v_mid;
-        ELSE
-            v_lo := v_mid;
+        -- the usual field, one value or one range: a slice of 0..59
+        IF cardinality(v_parts) = 1 AND v_step = 1 AND NOT (field = 'day of week' AND v_to = 7) THEN
+            RETURN ('[0:59]={0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,'
+                '30,31,32,33,34,35,36,37,38,39,40,41,42,43,44,45,46,47,48,49,50,51,52,53,54,55,56,57,58,59}'::integer[])[v_from:v_to];
         END IF;
+        v_froms := v_froms || v_from;
+        v_tos := v_tos || v_to;
+        v_steps := v_steps || v_step;
     END LOOP;
-    RETURN NEXT date_trunc('second', v_hi);
+    RETURN ARRAY(
+        SELECT DISTINCT CASE WHEN field = 'day of week' AND g.v = 7 THEN 0 ELSE g.v END  -- 7 is Sunday too
+        FROM unnest(v_froms, v_tos, v_steps) AS r (f, t, s)
+        CROSS JOIN LATERAL generate_series(r.f, r.t, r.s) AS g (v)
+        ORDER BY 1
+    );
 END
 $$;
 
--- The first time after `after` that expression names in zone (NULL if none
--- within 5 years); 22023 for an invalid expression or zone. STABLE, not
--- IMMUTABLE: the answer depends on the server's time zone data.
-CREATE OR REPLACE FUNCTION dq_cron_next(expression text, after timestamptz, timezone text) RETURNS timestamptz
-LANGUAGE plpgsql STABLE
+-- expression's fields as sorted values (seconds 0 when it has 5 fields);
+-- either_day: both day fields are restricted, so a day matching either
+-- counts. 22023 for an expression over 1,000 characters or a bad field.
+CREATE OR REPLACE FUNCTION dq__cron_parse(
+    expression text,
+    OUT seconds integer[],
+    OUT minutes integer[],
+    OUT hours integer[],
+    OUT days integer[],
+    OUT months integer[],
+    OUT weekdays integer[],
+    OUT either_day boolean
+)
+LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_fields text[];
-    v_seconds integer[];
-    v_minutes integer[];
-    v_hours integer[];
-    v_days integer[];
-    v_months integer[];
-    v_weekdays integer[];
-    v_either_day boolean;    -- both day fields restricted: OR
-    v_near_shift boolean;    -- a DST change within 3 hours of after
-    v_start timestamp;       -- the first wall time worth looking at
-    v_day date;
-    v_wall timestamp;
-    v_at timestamptz;
-    v_best timestamptz;
-    v_hour integer;
-    v_minute integer;
-    v_second integer;
 BEGIN
-    PERFORM @extschema@.dq__null_check(expression IS NULL, 'expression');
-    PERFORM @extschema@.dq__null_check(after IS NULL, 'after');
-    PERFORM @extschema@.dq__null_check(timezone IS NULL, 'timezone');
-    PERFORM @extschema@.dq__check_finite(after, 'after');
     IF length(expression) > 1000 THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('pgdq: expression must be at most 1000 characters, got %s', length(expression));
@@ -1534,55 +1541,116 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('pgdq: a cron expression has 5 fields (or 6 with seconds first), got %L', expression);
     END IF;
-    v_seconds := @extschema@.dq__cron_field(v_fields[1], 'second', 0, 59);
-    v_minutes := @extschema@.dq__cron_field(v_fields[2], 'minute', 0, 59);
-    v_hours := @extschema@.dq__cron_field(v_fields[3], 'hour', 0, 23);
-    v_days := @extschema@.dq__cron_field(v_fields[4], 'day of month', 1, 31);
-    v_months := @extschema@.dq__cron_field(v_fields[5], 'month', 1, 12);
-    v_weekdays := @extschema@.dq__cron_field(v_fields[6], 'day of week', 0, 7);
+    seconds := @extschema@.dq__cron_field(v_fields[1], 'second', 0, 59);
+    minutes := @extschema@.dq__cron_field(v_fields[2], 'minute', 0, 59);
+    hours := @extschema@.dq__cron_field(v_fields[3], 'hour', 0, 23);
+    days := @extschema@.dq__cron_field(v_fields[4], 'day of month', 1, 31);
+    months := @extschema@.dq__cron_field(v_fields[5], 'month', 1, 12);
+    weekdays := @extschema@.dq__cron_field(v_fields[6], 'day of week', 0, 7);
     -- croniter's reading of "restricted": not a bare *, and not every value
     -- when the other day field has a * in it
-    v_either_day := NOT (
-        v_fields[4] IN ('*', '?') OR (cardinality(v_days) = 31 AND strpos(v_fields[6], '*') > 0)
+    either_day := NOT (
+        v_fields[4] IN ('*', '?') OR (cardinality(days) = 31 AND strpos(v_fields[6], '*') > 0)
     ) AND NOT (
-        v_fields[6] IN ('*', '?') OR (cardinality(v_weekdays) = 7 AND strpos(v_fields[4], '*') > 0)
+        v_fields[6] IN ('*', '?') OR (cardinality(weekdays) = 7 AND strpos(v_fields[4], '*') > 0)
     );
+END
+$$;
 
-    -- Around a DST change a later wall time can be an earlier instant, so
-    -- look from 3 hours of wall time back and keep the earliest instant.
-    v_near_shift := @extschema@.dq__zone_offset(after - interval '3 hours', timezone)
-        <> @extschema@.dq__zone_offset(after + interval '3 hours', timezone);
-    v_start := date_trunc('second', after AT TIME ZONE timezone)
-        - CASE WHEN v_near_shift THEN interval '3 hours' ELSE interval '0' END;
-    v_day := v_start::date;
-    WHILE v_day < v_start::date + 366 * 5 LOOP
-        IF NOT extract(MONTH FROM v_day)::integer = ANY(v_months) THEN
+-- The UTC offset of zone at instant.
+CREATE OR REPLACE FUNCTION dq__zone_offset(instant timestamptz, zone text) RETURNS interval
+LANGUAGE sql STABLE
+AS $$ SELECT (instant AT TIME ZONE zone) OPERATOR(pg_catalog.-) (instant AT TIME ZONE 'UTC') $$;
+
+-- The first whole second after lo at which zone's UTC offset is the one it
+-- has at hi: the instant its clocks change, when they change once between.
+CREATE OR REPLACE FUNCTION dq__zone_shift(lo timestamptz, hi timestamptz, zone text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_target interval := @extschema@.dq__zone_offset(hi, zone);
+    v_lo timestamptz := date_trunc('second', lo);
+    v_hi timestamptz := date_trunc('second', hi);
+    v_mid timestamptz;
+BEGIN
+    WHILE v_hi - v_lo > interval '1 second' LOOP
+        v_mid := v_lo + date_trunc('second', (v_hi - v_lo) / 2);
+        IF @extschema@.dq__zone_offset(v_mid, zone) = v_target THEN
+            v_hi := v_mid;
+        ELSE
+            v_lo := v_mid;
+        END IF;
+    END LOOP;
+    RETURN v_hi;
+END
+$$;
+
+-- The instants at which zone's clocks read wall: one, two in a fall-back
+-- fold, or, for a time a spring-forward gap skips, the end of the gap.
+CREATE OR REPLACE FUNCTION dq__wall_instants(wall timestamp, zone text) RETURNS SETOF timestamptz
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_guess timestamptz := wall AT TIME ZONE zone;
+    v_before interval := @extschema@.dq__zone_offset(v_guess - interval '3 hours', zone);
+    v_after interval := @extschema@.dq__zone_offset(v_guess + interval '3 hours', zone);
+    v_found bigint;
+BEGIN
+    RETURN QUERY
+    SELECT DISTINCT c.at
+    FROM (VALUES ((wall - v_before) AT TIME ZONE 'UTC'), ((wall - v_after) AT TIME ZONE 'UTC')) AS c (at)
+    WHERE (c.at AT TIME ZONE zone) = wall
+    ORDER BY c.at;
+    GET DIAGNOSTICS v_found = ROW_COUNT;
+    IF v_found = 0 THEN
+        -- in a gap: the first instant on the new offset
+        RETURN NEXT @extschema@.dq__zone_shift(v_guess - interval '3 hours', v_guess + interval '3 hours', zone);
+    END IF;
+END
+$$;
+
+-- The first wall-clock time at or after start that the parsed fields name
+-- (see dq__cron_parse); NULL if none before the fifth year from start's day.
+CREATE OR REPLACE FUNCTION dq__cron_next_wall(
+    start timestamp,
+    seconds integer[],
+    minutes integer[],
+    hours integer[],
+    days integer[],
+    months integer[],
+    weekdays integer[],
+    either_day boolean
+) RETURNS timestamp
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_day date := start::date;
+    v_end date := start::date + 366 * 5;
+    v_wall timestamp;
+    v_hour integer;
+    v_minute integer;
+    v_second integer;
+BEGIN
+    WHILE v_day < v_end LOOP
+        IF NOT extract(MONTH FROM v_day)::integer = ANY(months) THEN
             v_day := date_trunc('month', v_day) + interval '1 month';
             CONTINUE;
         END IF;
-        IF (v_either_day AND (extract(DAY FROM v_day)::integer = ANY(v_days)
-                OR extract(DOW FROM v_day)::integer = ANY(v_weekdays)))
-            OR (NOT v_either_day AND extract(DAY FROM v_day)::integer = ANY(v_days)
-                AND extract(DOW FROM v_day)::integer = ANY(v_weekdays)) THEN
-            FOREACH v_hour IN ARRAY v_hours LOOP
-                CONTINUE WHEN v_day + make_interval(hours => v_hour + 1) <= v_start;
-                FOREACH v_minute IN ARRAY v_minutes LOOP
-                    CONTINUE WHEN v_day + make_interval(hours => v_hour, mins => v_minute + 1) <= v_start;
-                    FOREACH v_second IN ARRAY v_seconds LOOP
+        IF (either_day AND (extract(DAY FROM v_day)::integer = ANY(days)
+                OR extract(DOW FROM v_day)::integer = ANY(weekdays)))
+            OR (NOT either_day AND extract(DAY FROM v_day)::integer = ANY(days)
+                AND extract(DOW FROM v_day)::integer = ANY(weekdays)) THEN
+            FOREACH v_hour IN ARRAY hours LOOP
+                CONTINUE WHEN v_day + make_interval(hours => v_hour + 1) <= start;
+                FOREACH v_minute IN ARRAY minutes LOOP
+                    CONTINUE WHEN v_day + make_interval(hours => v_hour, mins => v_minute + 1) <= start;
+                    FOREACH v_second IN ARRAY seconds LOOP
                         v_wall := v_day + make_interval(hours => v_hour, mins => v_minute, secs => v_second);
-                        CONTINUE WHEN v_wall < v_start;
-                        IF v_best IS NOT NULL AND v_wall > (v_best AT TIME ZONE timezone) + interval '3 hours' THEN
-                            RETURN v_best;
-                        END IF;
-                        FOR v_at IN SELECT w.at FROM @extschema@.dq__wall_instants(v_wall, timezone) AS w (at) LOOP
-                            IF v_at > after AND (v_best IS NULL OR v_at < v_best) THEN
-                                v_best := v_at;
-                            END IF;
-                        END LOOP;
-                        -- far from any DST change the first instant found is the answer
-                        IF v_best IS NOT NULL AND @extschema@.dq__zone_offset(v_best - interval '3 hours', timezone)
-                            = @extschema@.dq__zone_offset(v_best + interval '3 hours', timezone) THEN
-                            RETURN v_best;
+                        IF v_wall >= start THEN
+                            RETURN v_wall;
                         END IF;
                     END LOOP;
                 END LOOP;
@@ -1590,7 +1658,97 @@ BEGIN
         END IF;
         v_day := v_day + 1;
     END LOOP;
-    RETURN v_best;
+    RETURN NULL;
+END
+$$;
+
+-- The first time after `after` that the parsed fields name in zone (NULL
+-- if none within 5 years), with dq_cron_next's DST rules. A few offset
+-- probes and calendar steps, near a DST change too: with the clocks
+-- reading w(t) at instant t, the wall times after `after` are walked in
+-- order and the first that names a time is mapped to its instants, which
+-- is right unless the clocks fall back soon (within 3 hours; changes are
+-- assumed at least 6 hours apart): then the rest of the first pass comes
+-- first, and then the times from the fold on.
+CREATE OR REPLACE FUNCTION dq__cron_next_at(
+    after timestamptz,
+    zone text,
+    seconds integer[],
+    minutes integer[],
+    hours integer[],
+    days integer[],
+    months integer[],
+    weekdays integer[],
+    either_day boolean
+) RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_offset interval := @extschema@.dq__zone_offset(after, zone);
+    v_later interval := @extschema@.dq__zone_offset(after + interval '3 hours', zone);
+    v_from timestamp := date_trunc('second', after AT TIME ZONE zone) + interval '1 second';
+    v_floor timestamptz := after;  -- the answer is later than this
+    v_fold timestamptz;
+    v_wall timestamp;
+    v_at timestamptz;
+BEGIN
+    IF v_later < v_offset THEN
+        -- the clocks fall back within 3 hours, at v_fold: first the rest of
+        -- the first pass, then from the fold on, where they repeat times
+        v_fold := @extschema@.dq__zone_shift(after, after + interval '3 hours', zone);
+        v_wall := @extschema@.dq__cron_next_wall(v_from, seconds, minutes, hours, days, months, weekdays, either_day);
+        IF v_wall < (v_fold AT TIME ZONE 'UTC') + v_offset THEN
+            RETURN (v_wall - v_offset) AT TIME ZONE 'UTC';
+        END IF;
+        v_from := v_fold AT TIME ZONE zone;
+        v_floor := v_fold - interval '1 microsecond';
+    END IF;
+    FOR i IN 1..10 LOOP
+        v_wall := @extschema@.dq__cron_next_wall(v_from, seconds, minutes, hours, days, months, weekdays, either_day);
+        IF v_wall IS NULL THEN
+            RETURN NULL;
+        END IF;
+        v_at := (v_wall - v_offset) AT TIME ZONE 'UTC';
+        -- no change of the clocks within 3 hours, and the time is within them
+        IF v_later = v_offset AND v_at <= after + interval '3 hours' THEN
+            RETURN v_at;
+        END IF;
+        SELECT min(w.at) INTO v_at FROM @extschema@.dq__wall_instants(v_wall, zone) AS w (at) WHERE w.at > v_floor;
+        IF v_at IS NOT NULL THEN
+            RETURN v_at;
+        END IF;
+        v_from := v_wall + interval '1 second';
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+-- The first time after `after` that expression names in zone (NULL if none
+-- within 5 years); 22023 for an invalid expression or zone, or an `after`
+-- outside 4713-01-01 BC to 294270-01-01 (the search must stay in the
+-- timestamp range). STABLE, not IMMUTABLE: the answer depends on the
+-- server's time zone data.
+CREATE OR REPLACE FUNCTION dq_cron_next(expression text, after timestamptz, timezone text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_cron record;
+BEGIN
+    PERFORM @extschema@.dq__null_check(expression IS NULL, 'expression');
+    PERFORM @extschema@.dq__null_check(after IS NULL, 'after');
+    PERFORM @extschema@.dq__null_check(timezone IS NULL, 'timezone');
+    PERFORM @extschema@.dq__check_finite(after, 'after');
+    IF after < '4713-01-01 00:00:00+00 BC' OR after >= '294270-01-01 00:00:00+00' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('pgdq: after must be from 4713-01-01 BC to 294270-01-01 UTC, got %s', after);
+    END IF;
+    v_cron := @extschema@.dq__cron_parse(expression);
+    RETURN @extschema@.dq__cron_next_at(
+        after, timezone, v_cron.seconds, v_cron.minutes, v_cron.hours,
+        v_cron.days, v_cron.months, v_cron.weekdays, v_cron.either_day
+    );
 END
 $$;
 
@@ -1604,11 +1762,12 @@ AS $$
 $$;
 
 -- Create or replace queue's schedule `name` (the key prefix of its
--- occurrences); its next occurrence. A changed expression, zone or payload
--- replaces the old configuration's pending (not leased) occurrences; setting
--- the same one again changes nothing. max_missed: how many of the most
--- recent occurrences one poll delivers when several came due while nobody
--- polled (1: the latest only, never a flood).
+-- occurrences); its next occurrence after now. A changed expression, zone or
+-- payload replaces the old configuration's pending (not leased) occurrences;
+-- setting the same one again keeps its place (an occurrence already due is
+-- still delivered by the next poll) and ends a failing schedule's back-off.
+-- max_missed: how many of the most recent occurrences one poll delivers when
+-- several came due while nobody polled (1: the latest only, never a flood).
 CREATE OR REPLACE FUNCTION dq_schedule_set(
     queue text,
     name text,
@@ -1649,9 +1808,16 @@ BEGIN
             payload = excluded.payload,
             config_hash = excluded.config_hash,
             max_missed = excluded.max_missed,
-            -- the same configuration keeps its place
-            next_at = CASE WHEN s.config_hash = excluded.config_hash THEN s.next_at ELSE excluded.next_at END
-    RETURNING s.next_at INTO v_next;
+            -- the same configuration keeps its place (a failing one's is
+            -- missed_from: it is tried again at the next poll)
+            next_at = CASE
+                WHEN s.config_hash = excluded.config_hash THEN coalesce(s.missed_from, s.next_at)
+                ELSE excluded.next_at
+            END,
+            missed_from = NULL,
+            failures = 0,
+            last_error = NULL,
+            last_error_at = NULL;
     PERFORM @extschema@.dq__cron_delete(dq_schedule_set.queue, dq_schedule_set.name, v_hash, TRUE);
     PERFORM @extschema@.dq__wake(dq_schedule_set.queue);  -- idle workers re-read dq_next_due
     RETURN v_next;
@@ -1679,7 +1845,25 @@ BEGIN
 END
 $$;
 
--- The schedules (of queue, when given) with their next occurrence.
+-- Checked argument, then the schedules (of p_queue when not NULL), by queue
+-- and name. Does not read the clock.
+CREATE OR REPLACE FUNCTION dq__schedules(p_queue text) RETURNS SETOF dq_schedules
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_queue IS NOT NULL THEN
+        PERFORM @extschema@.dq__check_queue(p_queue);
+    END IF;
+    RETURN QUERY
+    SELECT s.* FROM @extschema@.dq_schedules AS s
+    WHERE p_queue IS NULL OR s.queue = p_queue
+    ORDER BY s.queue, s.name;
+END
+$$;
+
+-- The schedules (of queue, when given) with their next occurrence (while
+-- failing: the next attempt) and their last error.
 CREATE OR REPLACE FUNCTION dq_schedules(queue text DEFAULT NULL) RETURNS TABLE (
     queue text,
     name text,
@@ -1687,20 +1871,26 @@ CREATE OR REPLACE FUNCTION dq_schedules(queue text DEFAULT NULL) RETURNS TABLE (
     timezone text,
     payload jsonb,
     max_missed integer,
-    next_at timestamptz
+    next_at timestamptz,
+    last_error text,
+    last_error_at timestamptz,
+    failures integer
 )
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT s.queue::text, s.name::text, s.expression, s.timezone, s.payload, s.max_missed, s.next_at
-    FROM @extschema@.dq_schedules AS s
-    WHERE $1 IS NULL OR s.queue = $1
-    ORDER BY s.queue, s.name
+    SELECT s.queue::text, s.name::text, s.expression, s.timezone, s.payload, s.max_missed, s.next_at,
+        s.last_error, s.last_error_at, s.failures
+    FROM @extschema@.dq__schedules($1) AS s
 $$;
 
--- The occurrences of a schedule due by `until`, oldest first, at most
--- `keep` of the most recent: bounded work however long nobody polled (it
--- looks back through doubling windows instead of walking from next_at).
+-- The occurrences of a schedule from next_at to until, oldest first: the
+-- `keep` most recent. Bounded work however long nobody polled: the
+-- expression is parsed once, and it looks back from until through doubling
+-- windows (then halves the last one when a burst of occurrences made it hold
+-- more than 2 * keep + 10), each look giving up after that many, and all of
+-- them together after 2,000 occurrences (only bursts of thousands get there;
+-- it then returns the most recent it has, fewer than keep).
 CREATE OR REPLACE FUNCTION dq__due_occurrences(
     expression text, timezone text, next_at timestamptz, until timestamptz, keep integer
 ) RETURNS timestamptz[]
@@ -1708,38 +1898,79 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_cron record;
+    v_limit integer := 2 * keep + 10;  -- a look gives up beyond this many
+    v_budget integer := 2000;          -- occurrences still to be computed
     v_window interval := interval '1 second';
+    v_good timestamptz := until;       -- from here: fewer than keep...
+    v_best timestamptz[] := '{}';      -- ...namely these
+    v_bad timestamptz;                 -- from here: more than v_limit
+    v_from timestamptz;
     v_at timestamptz;
     v_due timestamptz[];
+    v_count integer;
+    v_complete boolean;
 BEGIN
+    v_cron := @extschema@.dq__cron_parse(expression);
     LOOP
-        v_at := CASE
-            WHEN until - v_window <= next_at THEN next_at
-            ELSE @extschema@.dq_cron_next(expression, until - v_window, timezone)
+        v_from := CASE
+            WHEN v_bad IS NOT NULL THEN v_bad + (v_good - v_bad) / 2
+            WHEN until - next_at <= v_window THEN next_at
+            ELSE until - v_window
         END;
+        -- the occurrences from v_from to until: their count and the last keep
         v_due := '{}';
-        FOR i IN 1..2000 LOOP
-            EXIT WHEN v_at IS NULL OR v_at > until;
+        v_count := 0;
+        v_complete := FALSE;
+        v_at := v_from - interval '1 microsecond';
+        WHILE v_count <= v_limit AND v_budget > 0 LOOP
+            v_at := @extschema@.dq__cron_next_at(
+                v_at, timezone, v_cron.seconds, v_cron.minutes, v_cron.hours,
+                v_cron.days, v_cron.months, v_cron.weekdays, v_cron.either_day
+            );
+            v_budget := v_budget - 1;
+            v_complete := v_at IS NULL OR v_at > until;
+            EXIT WHEN v_complete;
             v_due := (v_due || v_at)[greatest(1, cardinality(v_due) + 2 - keep):];
-            v_at := @extschema@.dq_cron_next(expression, v_at, timezone);
+            v_count := v_count + 1;
         END LOOP;
-        EXIT WHEN cardinality(v_due) >= keep OR until - v_window <= next_at OR v_window > interval '400 days';
-        v_window := v_window * 2;
+        IF v_complete THEN
+            IF v_count >= keep OR v_from <= next_at THEN
+                RETURN v_due;
+            END IF;
+            v_good := v_from;
+            v_best := v_due;
+            v_window := v_window * 2;
+        ELSIF v_count <= v_limit THEN
+            RETURN v_best;  -- out of budget
+        ELSE
+            v_bad := v_from;
+        END IF;
     END LOOP;
-    RETURN v_due;
 END
 $$;
 
 -- Turn queue's due schedule occurrences into messages and move each
--- schedule's next_at past now. Schedules another poll is materialising are
--- skipped (it does them), and occurrence keys make a repeat harmless.
+-- schedule's next_at past now. Each schedule is done in a subtransaction:
+-- when it fails (any error, or a statement timeout that fires meanwhile) its
+-- error goes into last_error, it is tried again 1 minute later, then after
+-- 2, 4 ... at most 60 (next_at; missed_from keeps the first occurrence still
+-- to deliver), and the poll goes on. Bounded: no schedule is started after
+-- 50 ms (the rest wait for the next poll), nor after a statement timeout.
+-- Schedules another poll is materialising are skipped (it does them), and
+-- occurrence keys make a repeat harmless.
 CREATE OR REPLACE FUNCTION dq__materialise(p_queue text, p_now timestamptz) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_started timestamptz := clock_timestamp();
     v_schedule record;
     v_due timestamptz[];
+    v_next timestamptz;
+    v_state text;
+    v_message text;
+    v_timed_out boolean := FALSE;
 BEGIN
     FOR v_schedule IN
         SELECT s.* FROM @extschema@.dq_schedules AS s
@@ -1747,21 +1978,56 @@ BEGIN
         ORDER BY s.name
         FOR UPDATE SKIP LOCKED
     LOOP
-        v_due := @extschema@.dq__due_occurrences(
-            v_schedule.expression, v_schedule.timezone, v_schedule.next_at, p_now, v_schedule.max_missed
-        );
-        INSERT INTO @extschema@.dq_messages (queue, key, payload, scheduled_at, due_at, created_at)
-        SELECT p_queue, @extschema@.dq__occurrence_key(v_schedule.name, v_schedule.config_hash, d.at),
-            v_schedule.payload, d.at, d.at, p_now
-        FROM unnest(v_due) AS d (at)
-        ORDER BY 2
-        ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO NOTHING;
-        UPDATE @extschema@.dq_schedules AS s
-        SET next_at = coalesce(
-            @extschema@.dq_cron_next(v_schedule.expression, greatest(p_now, v_schedule.next_at), v_schedule.timezone),
-            'infinity'
-        )
-        WHERE s.queue = p_queue AND s.name = v_schedule.name;
+        EXIT WHEN clock_timestamp() - v_started > interval '50 milliseconds';
+        v_state := NULL;
+        BEGIN
+            -- first, as it names an `after` out of range
+            v_next := coalesce(@extschema@.dq_cron_next(v_schedule.expression, p_now, v_schedule.timezone), 'infinity');
+            v_due := @extschema@.dq__due_occurrences(
+                v_schedule.expression, v_schedule.timezone, coalesce(v_schedule.missed_from, v_schedule.next_at),
+                p_now, v_schedule.max_missed
+            );
+            INSERT INTO @extschema@.dq_messages (queue, key, payload, scheduled_at, due_at, created_at)
+            SELECT p_queue, @extschema@.dq__occurrence_key(v_schedule.name, v_schedule.config_hash, d.at),
+                v_schedule.payload, d.at, d.at, p_now
+            FROM unnest(v_due) AS d (at)
+            ORDER BY 2
+            ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO NOTHING;
+            UPDATE @extschema@.dq_schedules AS s
+            SET next_at = v_next,
+                missed_from = NULL,
+                failures = 0,
+                last_error = NULL,
+                last_error_at = NULL
+            WHERE s.queue = p_queue AND s.name = v_schedule.name;
+        EXCEPTION
+            WHEN query_canceled THEN
+                -- a statement timeout is this schedule's error; a cancel
+                -- request cancels the poll
+                IF current_setting('statement_timeout')::interval = interval '0'
+                    OR clock_timestamp() - statement_timestamp() < current_setting('statement_timeout')::interval THEN
+                    RAISE;
+                END IF;
+                GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT;
+                v_timed_out := TRUE;
+            WHEN OTHERS THEN
+                GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT;
+        END;
+        IF v_state IS NOT NULL THEN
+            UPDATE @extschema@.dq_schedules AS s
+            SET missed_from = coalesce(s.missed_from, s.next_at),
+                next_at = CASE
+                    WHEN p_now < '294276-01-01 00:00:00+00' THEN p_now + least(
+                        interval '1 hour', interval '1 minute' * power(2, least(s.failures, 6))
+                    )
+                    ELSE 'infinity'  -- the end of the timestamp range
+                END,
+                failures = s.failures + 1,
+                last_error = format('%s (SQLSTATE %s)', left(v_message, 1000), v_state),
+                last_error_at = p_now
+            WHERE s.queue = p_queue AND s.name = v_schedule.name;
+        END IF;
+        EXIT WHEN v_timed_out;
     END LOOP;
 END
 $$;

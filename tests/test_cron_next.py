@@ -1,10 +1,13 @@
 """dq_cron_next against croniter: random expressions (lists, ranges, steps,
 names, an optional leading seconds field) at random instants, many of them
 around the DST changes of New York, Bucharest and Lord Howe (a 30-minute
-shift), and its errors."""
+shift), and its errors; the occurrences a poll materialises after a while
+against croniter's; a statement timeout while a schedule is materialised."""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -130,3 +133,104 @@ def test_nulls_are_errors(server: Any) -> None:
     for args in ((None, datetime.now(UTC), "UTC"), ("* * * * *", None, "UTC"), ("* * * * *", datetime.now(UTC), None)):
         with pytest.raises(psycopg.errors.NullValueNotAllowed):
             server.execute("SELECT dq_cron_next(%s, %s, %s)", args)
+
+
+# -- materialisation: the most recent occurrences, bounded, isolated (1.1) ----
+
+
+@settings(
+    max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    expression=expressions(),
+    until=instants(),
+    zone=st.sampled_from(ZONES),
+    idle=st.integers(1, 3 * 86400),
+    keep=st.sampled_from([1, 2, 3, 10, 100]),
+)
+def test_due_occurrences_are_the_most_recent(
+    server: Any, expression: str, until: datetime, zone: str, idle: int, keep: int
+) -> None:
+    """What a poll delivers after `idle` seconds: the `keep` most recent of
+    croniter's occurrences from next_at to until, DST changes included."""
+    next_at = (until - timedelta(seconds=idle)).replace(microsecond=0)
+    seconds_first = len(expression.split()) == 6
+    it = croniter(
+        expression, (next_at - timedelta(seconds=1)).astimezone(ZoneInfo(zone)), second_at_beginning=seconds_first
+    )
+    expected: list[datetime] = []
+    try:
+        while (at := it.get_next(datetime)) <= until:
+            expected.append(at.astimezone(UTC))
+            assume(len(expected) <= 20_000)
+    except CroniterBadDateError:
+        pass
+    row = server.execute(
+        "SELECT dq__due_occurrences(%s, %s, %s, %s, %s)", (expression, zone, next_at, until, keep)
+    ).fetchone()
+    assert [at.astimezone(UTC) for at in row[0]] == expected[-keep:], f"{expression!r} {next_at} .. {until} in {zone}"
+
+
+def _occurrence_setup(conn: Any, queue: str) -> str:
+    """An hourly schedule and an ordinary message on queue (the clock pinned
+    at 09:30); the key of the schedule's 10:00 occurrence."""
+    conn.execute("SET dq.now = '2024-01-01 09:30:00+00'")
+    conn.execute("SELECT dq_schedule_set(%s, 'hourly', '0 * * * *')", (queue,))
+    conn.execute("SELECT dq_offer(%s, 'plain', '{}')", (queue,))
+    row = conn.execute(
+        "SELECT dq__occurrence_key('hourly', dq__schedule_hash('0 * * * *', 'UTC', '{}'), '2024-01-01 10:00+00')"
+    ).fetchone()
+    return str(row[0])
+
+
+def test_a_statement_timeout_while_materialising_is_the_schedules_error(database: str) -> None:
+    """Another transaction holds the occurrence's key, so the poll's insert
+    waits until its statement timeout fires: the poll still delivers the
+    queue's ordinary message and the schedule keeps the error (1.0.0: every
+    such poll failed)."""
+    queue = "cron_lock_timeout"
+    with psycopg.connect(database, autocommit=True) as poller, psycopg.connect(database) as holder:
+        key = _occurrence_setup(poller, queue)
+        holder.execute("SELECT dq_offer(%s, %s, '{}', '2024-01-01 10:00+00')", (queue, key))  # not committed
+        poller.execute("SET dq.now = '2024-01-01 10:00:30+00'")
+        poller.execute("SET statement_timeout = '500ms'")
+        delivered = poller.execute("SELECT key FROM dq_poll_many(%s, 10)", (queue,)).fetchall()
+        poller.execute("SET statement_timeout = 0")
+        holder.rollback()
+        assert delivered == [("plain",)]
+        error, failures = poller.execute("SELECT last_error, failures FROM dq_schedules(%s)", (queue,)).fetchone()
+        assert failures == 1 and error.endswith("(SQLSTATE 57014)")
+
+
+def test_a_cancel_request_still_cancels_the_poll(database: str) -> None:
+    """Only a statement timeout is caught: a poll waiting in a schedule's
+    insert is cancelled by pg_cancel_backend as any statement is."""
+    queue = "cron_lock_cancel"
+    with (
+        psycopg.connect(database, autocommit=True) as poller,
+        psycopg.connect(database) as holder,
+        psycopg.connect(database, autocommit=True) as admin,
+    ):
+        key = _occurrence_setup(poller, queue)
+        holder.execute("SELECT dq_offer(%s, %s, '{}', '2024-01-01 10:00+00')", (queue, key))  # not committed
+        poller.execute("SET dq.now = '2024-01-01 10:00:30+00'")
+        pid = poller.info.backend_pid
+        outcome: list[BaseException] = []
+
+        def poll() -> None:
+            try:
+                poller.execute("SELECT key FROM dq_poll_many(%s, 10)", (queue,))
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=poll)
+        thread.start()
+        for _ in range(500):  # until the poll waits for the holder's row
+            waiting = admin.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,))
+            if waiting.fetchone()[0]:
+                break
+            time.sleep(0.01)
+        admin.execute("SELECT pg_cancel_backend(%s)", (pid,))
+        thread.join(10)
+        holder.rollback()
+        assert len(outcome) == 1 and isinstance(outcome[0], psycopg.errors.QueryCanceled)

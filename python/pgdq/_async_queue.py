@@ -361,7 +361,7 @@ class AsyncQueue:
     async def schedules(self, *, conn: AsyncConnection[Any] | None = None) -> list[Schedule]:
         """This queue's schedules with their next occurrence (dq_schedules)."""
         rows = await self._rows("schedules", (self.name,), conn)
-        return [Schedule(q, n, e, z, self.codec.load(p), m, at) for q, n, e, z, p, m, at in rows]
+        return [Schedule(q, n, e, z, self.codec.load(p), m, at, *rest) for q, n, e, z, p, m, at, *rest in rows]
 
     async def cron_install(
         self,

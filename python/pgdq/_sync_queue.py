@@ -360,7 +360,7 @@ class Queue:
     def schedules(self, *, conn: Connection[Any] | None = None) -> list[Schedule]:
         """This queue's schedules with their next occurrence (dq_schedules)."""
         rows = self._rows("schedules", (self.name,), conn)
-        return [Schedule(q, n, e, z, self.codec.load(p), m, at) for q, n, e, z, p, m, at in rows]
+        return [Schedule(q, n, e, z, self.codec.load(p), m, at, *rest) for q, n, e, z, p, m, at, *rest in rows]
 
     def cron_install(
         self,

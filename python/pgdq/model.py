@@ -83,4 +83,7 @@ class Schedule:
     timezone: str
     payload: Any
     max_missed: int
-    next_at: datetime
+    next_at: datetime  # while failing: the next attempt
+    last_error: str | None = None  # of the last attempt, when it failed (1.1)
+    last_error_at: datetime | None = None
+    failures: int = 0  # failed attempts in a row

@@ -11,6 +11,13 @@ DROP FUNCTION dq__cron_delete(text, text, text, boolean);
 -- would be called instead (docs/security.md).
 DROP FUNCTION dq__not_null(anyelement, text);
 DROP FUNCTION dq__check_elements(anyarray, text);
+-- dq_schedules shows a schedule's last error (1.1): new columns, a new result.
+ALTER TABLE @extschema@.dq_schedules
+    ADD COLUMN last_error text,
+    ADD COLUMN last_error_at timestamptz,
+    ADD COLUMN failures integer NOT NULL DEFAULT 0,
+    ADD COLUMN missed_from timestamptz;
+DROP FUNCTION dq_schedules(text);
 
 -- @functions
 

@@ -146,7 +146,7 @@ COMMENT ON TABLE dq_dead_letters IS
 -- Recurring schedules kept by the database (dq_schedule_set): the polls of a
 -- queue turn its due occurrences into ordinary messages, so no scheduler
 -- process has to run. next_at is the next occurrence not yet turned into a
--- message.
+-- message, or while the schedule fails the time of its next attempt.
 CREATE TABLE dq_schedules (
     queue text COLLATE "C" NOT NULL,
     name text COLLATE "C" NOT NULL,  -- the key prefix of its occurrences
@@ -156,6 +156,12 @@ CREATE TABLE dq_schedules (
     config_hash text NOT NULL,       -- of expression, timezone and payload
     max_missed integer NOT NULL,     -- occurrences delivered when several are due at once
     next_at timestamptz NOT NULL,
+    -- Since 1.1: a poll that fails to materialise the schedule keeps the
+    -- error and retries later (64_schedules.sql); a success clears them.
+    last_error text,                 -- '<message> (SQLSTATE <code>)'
+    last_error_at timestamptz,
+    failures integer NOT NULL DEFAULT 0,  -- in a row
+    missed_from timestamptz,         -- while failing: the first occurrence not yet delivered
     CONSTRAINT dq_schedules_pkey PRIMARY KEY (queue, name)
 );
 

@@ -14,11 +14,12 @@ AS $$
 $$;
 
 -- Create or replace queue's schedule `name` (the key prefix of its
--- occurrences); its next occurrence. A changed expression, zone or payload
--- replaces the old configuration's pending (not leased) occurrences; setting
--- the same one again changes nothing. max_missed: how many of the most
--- recent occurrences one poll delivers when several came due while nobody
--- polled (1: the latest only, never a flood).
+-- occurrences); its next occurrence after now. A changed expression, zone or
+-- payload replaces the old configuration's pending (not leased) occurrences;
+-- setting the same one again keeps its place (an occurrence already due is
+-- still delivered by the next poll) and ends a failing schedule's back-off.
+-- max_missed: how many of the most recent occurrences one poll delivers when
+-- several came due while nobody polled (1: the latest only, never a flood).
 CREATE FUNCTION dq_schedule_set(
     queue text,
     name text,
@@ -59,9 +60,16 @@ BEGIN
             payload = excluded.payload,
             config_hash = excluded.config_hash,
             max_missed = excluded.max_missed,
-            -- the same configuration keeps its place
-            next_at = CASE WHEN s.config_hash = excluded.config_hash THEN s.next_at ELSE excluded.next_at END
-    RETURNING s.next_at INTO v_next;
+            -- the same configuration keeps its place (a failing one's is
+            -- missed_from: it is tried again at the next poll)
+            next_at = CASE
+                WHEN s.config_hash = excluded.config_hash THEN coalesce(s.missed_from, s.next_at)
+                ELSE excluded.next_at
+            END,
+            missed_from = NULL,
+            failures = 0,
+            last_error = NULL,
+            last_error_at = NULL;
     PERFORM @extschema@.dq__cron_delete(dq_schedule_set.queue, dq_schedule_set.name, v_hash, TRUE);
     PERFORM @extschema@.dq__wake(dq_schedule_set.queue);  -- idle workers re-read dq_next_due
     RETURN v_next;
@@ -89,7 +97,25 @@ BEGIN
 END
 $$;
 
--- The schedules (of queue, when given) with their next occurrence.
+-- Checked argument, then the schedules (of p_queue when not NULL), by queue
+-- and name. Does not read the clock.
+CREATE FUNCTION dq__schedules(p_queue text) RETURNS SETOF dq_schedules
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF p_queue IS NOT NULL THEN
+        PERFORM @extschema@.dq__check_queue(p_queue);
+    END IF;
+    RETURN QUERY
+    SELECT s.* FROM @extschema@.dq_schedules AS s
+    WHERE p_queue IS NULL OR s.queue = p_queue
+    ORDER BY s.queue, s.name;
+END
+$$;
+
+-- The schedules (of queue, when given) with their next occurrence (while
+-- failing: the next attempt) and their last error.
 CREATE FUNCTION dq_schedules(queue text DEFAULT NULL) RETURNS TABLE (
     queue text,
     name text,
@@ -97,20 +123,26 @@ CREATE FUNCTION dq_schedules(queue text DEFAULT NULL) RETURNS TABLE (
     timezone text,
     payload jsonb,
     max_missed integer,
-    next_at timestamptz
+    next_at timestamptz,
+    last_error text,
+    last_error_at timestamptz,
+    failures integer
 )
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT s.queue::text, s.name::text, s.expression, s.timezone, s.payload, s.max_missed, s.next_at
-    FROM @extschema@.dq_schedules AS s
-    WHERE $1 IS NULL OR s.queue = $1
-    ORDER BY s.queue, s.name
+    SELECT s.queue::text, s.name::text, s.expression, s.timezone, s.payload, s.max_missed, s.next_at,
+        s.last_error, s.last_error_at, s.failures
+    FROM @extschema@.dq__schedules($1) AS s
 $$;
 
--- The occurrences of a schedule due by `until`, oldest first, at most
--- `keep` of the most recent: bounded work however long nobody polled (it
--- looks back through doubling windows instead of walking from next_at).
+-- The occurrences of a schedule from next_at to until, oldest first: the
+-- `keep` most recent. Bounded work however long nobody polled: the
+-- expression is parsed once, and it looks back from until through doubling
+-- windows (then halves the last one when a burst of occurrences made it hold
+-- more than 2 * keep + 10), each look giving up after that many, and all of
+-- them together after 2,000 occurrences (only bursts of thousands get there;
+-- it then returns the most recent it has, fewer than keep).
 CREATE FUNCTION dq__due_occurrences(
     expression text, timezone text, next_at timestamptz, until timestamptz, keep integer
 ) RETURNS timestamptz[]
@@ -118,38 +150,79 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_cron record;
+    v_limit integer := 2 * keep + 10;  -- a look gives up beyond this many
+    v_budget integer := 2000;          -- occurrences still to be computed
     v_window interval := interval '1 second';
+    v_good timestamptz := until;       -- from here: fewer than keep...
+    v_best timestamptz[] := '{}';      -- ...namely these
+    v_bad timestamptz;                 -- from here: more than v_limit
+    v_from timestamptz;
     v_at timestamptz;
     v_due timestamptz[];
+    v_count integer;
+    v_complete boolean;
 BEGIN
+    v_cron := @extschema@.dq__cron_parse(expression);
     LOOP
-        v_at := CASE
-            WHEN until - v_window <= next_at THEN next_at
-            ELSE @extschema@.dq_cron_next(expression, until - v_window, timezone)
+        v_from := CASE
+            WHEN v_bad IS NOT NULL THEN v_bad + (v_good - v_bad) / 2
+            WHEN until - next_at <= v_window THEN next_at
+            ELSE until - v_window
         END;
+        -- the occurrences from v_from to until: their count and the last keep
         v_due := '{}';
-        FOR i IN 1..2000 LOOP
-            EXIT WHEN v_at IS NULL OR v_at > until;
+        v_count := 0;
+        v_complete := FALSE;
+        v_at := v_from - interval '1 microsecond';
+        WHILE v_count <= v_limit AND v_budget > 0 LOOP
+            v_at := @extschema@.dq__cron_next_at(
+                v_at, timezone, v_cron.seconds, v_cron.minutes, v_cron.hours,
+                v_cron.days, v_cron.months, v_cron.weekdays, v_cron.either_day
+            );
+            v_budget := v_budget - 1;
+            v_complete := v_at IS NULL OR v_at > until;
+            EXIT WHEN v_complete;
             v_due := (v_due || v_at)[greatest(1, cardinality(v_due) + 2 - keep):];
-            v_at := @extschema@.dq_cron_next(expression, v_at, timezone);
+            v_count := v_count + 1;
         END LOOP;
-        EXIT WHEN cardinality(v_due) >= keep OR until - v_window <= next_at OR v_window > interval '400 days';
-        v_window := v_window * 2;
+        IF v_complete THEN
+            IF v_count >= keep OR v_from <= next_at THEN
+                RETURN v_due;
+            END IF;
+            v_good := v_from;
+            v_best := v_due;
+            v_window := v_window * 2;
+        ELSIF v_count <= v_limit THEN
+            RETURN v_best;  -- out of budget
+        ELSE
+            v_bad := v_from;
+        END IF;
     END LOOP;
-    RETURN v_due;
 END
 $$;
 
 -- Turn queue's due schedule occurrences into messages and move each
--- schedule's next_at past now. Schedules another poll is materialising are
--- skipped (it does them), and occurrence keys make a repeat harmless.
+-- schedule's next_at past now. Each schedule is done in a subtransaction:
+-- when it fails (any error, or a statement timeout that fires meanwhile) its
+-- error goes into last_error, it is tried again 1 minute later, then after
+-- 2, 4 ... at most 60 (next_at; missed_from keeps the first occurrence still
+-- to deliver), and the poll goes on. Bounded: no schedule is started after
+-- 50 ms (the rest wait for the next poll), nor after a statement timeout.
+-- Schedules another poll is materialising are skipped (it does them), and
+-- occurrence keys make a repeat harmless.
 CREATE FUNCTION dq__materialise(p_queue text, p_now timestamptz) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    v_started timestamptz := clock_timestamp();
     v_schedule record;
     v_due timestamptz[];
+    v_next timestamptz;
+    v_state text;
+    v_message text;
+    v_timed_out boolean := FALSE;
 BEGIN
     FOR v_schedule IN
         SELECT s.* FROM @extschema@.dq_schedules AS s
@@ -157,21 +230,56 @@ BEGIN
         ORDER BY s.name
         FOR UPDATE SKIP LOCKED
     LOOP
-        v_due := @extschema@.dq__due_occurrences(
-            v_schedule.expression, v_schedule.timezone, v_schedule.next_at, p_now, v_schedule.max_missed
-        );
-        INSERT INTO @extschema@.dq_messages (queue, key, payload, scheduled_at, due_at, created_at)
-        SELECT p_queue, @extschema@.dq__occurrence_key(v_schedule.name, v_schedule.config_hash, d.at),
-            v_schedule.payload, d.at, d.at, p_now
-        FROM unnest(v_due) AS d (at)
-        ORDER BY 2
-        ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO NOTHING;
-        UPDATE @extschema@.dq_schedules AS s
-        SET next_at = coalesce(
-            @extschema@.dq_cron_next(v_schedule.expression, greatest(p_now, v_schedule.next_at), v_schedule.timezone),
-            'infinity'
-        )
-        WHERE s.queue = p_queue AND s.name = v_schedule.name;
+        EXIT WHEN clock_timestamp() - v_started > interval '50 milliseconds';
+        v_state := NULL;
+        BEGIN
+            -- first, as it names an `after` out of range
+            v_next := coalesce(@extschema@.dq_cron_next(v_schedule.expression, p_now, v_schedule.timezone), 'infinity');
+            v_due := @extschema@.dq__due_occurrences(
+                v_schedule.expression, v_schedule.timezone, coalesce(v_schedule.missed_from, v_schedule.next_at),
+                p_now, v_schedule.max_missed
+            );
+            INSERT INTO @extschema@.dq_messages (queue, key, payload, scheduled_at, due_at, created_at)
+            SELECT p_queue, @extschema@.dq__occurrence_key(v_schedule.name, v_schedule.config_hash, d.at),
+                v_schedule.payload, d.at, d.at, p_now
+            FROM unnest(v_due) AS d (at)
+            ORDER BY 2
+            ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO NOTHING;
+            UPDATE @extschema@.dq_schedules AS s
+            SET next_at = v_next,
+                missed_from = NULL,
+                failures = 0,
+                last_error = NULL,
+                last_error_at = NULL
+            WHERE s.queue = p_queue AND s.name = v_schedule.name;
+        EXCEPTION
+            WHEN query_canceled THEN
+                -- a statement timeout is this schedule's error; a cancel
+                -- request cancels the poll
+                IF current_setting('statement_timeout')::interval = interval '0'
+                    OR clock_timestamp() - statement_timestamp() < current_setting('statement_timeout')::interval THEN
+                    RAISE;
+                END IF;
+                GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT;
+                v_timed_out := TRUE;
+            WHEN OTHERS THEN
+                GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT;
+        END;
+        IF v_state IS NOT NULL THEN
+            UPDATE @extschema@.dq_schedules AS s
+            SET missed_from = coalesce(s.missed_from, s.next_at),
+                next_at = CASE
+                    WHEN p_now < '294276-01-01 00:00:00+00' THEN p_now + least(
+                        interval '1 hour', interval '1 minute' * power(2, least(s.failures, 6))
+                    )
+                    ELSE 'infinity'  -- the end of the timestamp range
+                END,
+                failures = s.failures + 1,
+                last_error = format('%s (SQLSTATE %s)', left(v_message, 1000), v_state),
+                last_error_at = p_now
+            WHERE s.queue = p_queue AND s.name = v_schedule.name;
+        END IF;
+        EXIT WHEN v_timed_out;
     END LOOP;
 END
 $$;
