@@ -2,7 +2,7 @@
 -- dq_dead_letter, max_attempts enforced by polls, dq_dead_list,
 -- dq_dead_redrive, dq_dead_purge.
 BEGIN;
-SELECT plan(31);
+SELECT plan(33);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 -- dq_dead_letter: the consumer gives up
@@ -81,6 +81,22 @@ SELECT throws_ok($$SELECT * FROM dq_dead_list('', 10)$$, '22023', NULL, 'dead_li
 SELECT throws_ok(
     $$SELECT dq_dead_redrive('t_dl', NULL, 'infinity')$$, '22023',
     'pgdq: scheduled_at must be a finite time, got infinity', 'redrive to an infinite time is 22023'
+);
+
+-- a bury says how the last delivery ended: nacked, or its lease expired
+SELECT dq_configure('t_max_why', 1);
+SELECT dq_offer_many('t_max_why', ARRAY['nacked', 'expired'], ARRAY['1', '2']::jsonb[]);
+CREATE TEMP TABLE why AS SELECT * FROM dq_poll_many('t_max_why', 10, '1 minute');
+SELECT dq_nack((SELECT lock_token FROM why WHERE key = 'nacked'));
+SELECT set_config('dq.now', '2024-01-01 10:10:00+00', TRUE);
+SELECT is((SELECT count(*)::int FROM dq_poll_many('t_max_why', 10, '1 minute')), 0, 'no delivery past max_attempts');
+SELECT is(
+    (SELECT array_agg(key || ': ' || error ORDER BY key) FROM dq_dead_list('t_max_why')),
+    ARRAY[
+        'expired: pgdq: gave up after 1 deliveries (max_attempts 1): the last lease expired without an ack or nack',
+        'nacked: pgdq: gave up after 1 deliveries (max_attempts 1): the last delivery was nacked'
+    ],
+    'one bury, each dead letter with how its last delivery ended'
 );
 
 SELECT * FROM finish();

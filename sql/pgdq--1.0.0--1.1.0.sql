@@ -10,6 +10,7 @@
 -- Functions whose arguments changed (CREATE OR REPLACE cannot change them).
 DROP FUNCTION dq__check_lease(interval);
 DROP FUNCTION dq__cron_delete(text, text, text, boolean);
+DROP FUNCTION dq__bury(bigint[], text, timestamptz);
 -- No polymorphic helpers: an exact-type overload planted in pgdq's schema
 -- would be called instead (docs/security.md).
 DROP FUNCTION dq__not_null(anyelement, text);
@@ -672,13 +673,18 @@ BEGIN
         FOR UPDATE SKIP LOCKED
     ) AS p;
 
-    -- A due message that already had max_attempts deliveries lost its last
-    -- lease without an ack or nack (its consumers keep dying): bury it.
+    -- A due message that already had max_attempts deliveries gets no more:
+    -- bury it, saying whether its last lease expired without an ack or nack
+    -- (its consumers keep dying) or its last delivery was nacked.
     IF cardinality(v_spent) > 0 THEN
         PERFORM @extschema@.dq__bury(
             v_spent,
             format(
                 'pgdq: gave up after %s deliveries (max_attempts %s): the last lease expired without an ack or nack',
+                v_max_attempts, v_max_attempts
+            ),
+            format(
+                'pgdq: gave up after %s deliveries (max_attempts %s): the last delivery was nacked',
                 v_max_attempts, v_max_attempts
             ),
             v_now
@@ -871,16 +877,20 @@ BEGIN
 END
 $$;
 
--- Move the (locked, current) messages ids to the dead letters with error;
--- the number moved. The one place that buries messages.
-CREATE OR REPLACE FUNCTION dq__bury(ids bigint[], error text, failed_at timestamptz) RETURNS integer
+-- Move the (locked, current) messages ids to the dead letters with error
+-- (error_if_nacked instead for those whose last delivery was nacked, when
+-- given); the number moved. The one place that buries messages.
+CREATE OR REPLACE FUNCTION dq__bury(
+    ids bigint[], error text, error_if_nacked text, failed_at timestamptz
+) RETURNS integer
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
     WITH moved AS (
         DELETE FROM @extschema@.dq_messages AS m
         WHERE m.id = ANY(ids)
-        RETURNING m.queue, m.key, m.id, m.payload, m.state, m.scheduled_at, m.created_at, m.attempts
+        RETURNING m.queue, m.key, m.id, m.payload, m.state, m.scheduled_at, m.created_at, m.attempts,
+            m.lock_token IS NULL AS nacked
     ),
 
     buried AS (
@@ -888,7 +898,8 @@ AS $$
             queue, key, id, payload, state, scheduled_at, created_at, attempts, error, failed_at
         )
         SELECT mv.queue, mv.key, mv.id, mv.payload, mv.state, mv.scheduled_at, mv.created_at, mv.attempts,
-            dq__bury.error, dq__bury.failed_at
+            CASE WHEN mv.nacked THEN coalesce(dq__bury.error_if_nacked, dq__bury.error) ELSE dq__bury.error END,
+            dq__bury.failed_at
         FROM moved AS mv
         ORDER BY mv.queue, mv.key
         ON CONFLICT ON CONSTRAINT dq_dead_letters_pkey DO UPDATE
@@ -920,6 +931,7 @@ AS $$
             FOR UPDATE
         ),
         dq_dead_letter.error,
+        NULL::text,
         @extschema@.dq_now()
     ) = 1
 $$;

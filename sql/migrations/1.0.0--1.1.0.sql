@@ -7,6 +7,7 @@
 -- Functions whose arguments changed (CREATE OR REPLACE cannot change them).
 DROP FUNCTION dq__check_lease(interval);
 DROP FUNCTION dq__cron_delete(text, text, text, boolean);
+DROP FUNCTION dq__bury(bigint[], text, timestamptz);
 -- No polymorphic helpers: an exact-type overload planted in pgdq's schema
 -- would be called instead (docs/security.md).
 DROP FUNCTION dq__not_null(anyelement, text);

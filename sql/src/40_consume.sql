@@ -51,13 +51,18 @@ BEGIN
         FOR UPDATE SKIP LOCKED
     ) AS p;
 
-    -- A due message that already had max_attempts deliveries lost its last
-    -- lease without an ack or nack (its consumers keep dying): bury it.
+    -- A due message that already had max_attempts deliveries gets no more:
+    -- bury it, saying whether its last lease expired without an ack or nack
+    -- (its consumers keep dying) or its last delivery was nacked.
     IF cardinality(v_spent) > 0 THEN
         PERFORM @extschema@.dq__bury(
             v_spent,
             format(
                 'pgdq: gave up after %s deliveries (max_attempts %s): the last lease expired without an ack or nack',
+                v_max_attempts, v_max_attempts
+            ),
+            format(
+                'pgdq: gave up after %s deliveries (max_attempts %s): the last delivery was nacked',
                 v_max_attempts, v_max_attempts
             ),
             v_now

@@ -23,16 +23,20 @@ BEGIN
 END
 $$;
 
--- Move the (locked, current) messages ids to the dead letters with error;
--- the number moved. The one place that buries messages.
-CREATE FUNCTION dq__bury(ids bigint[], error text, failed_at timestamptz) RETURNS integer
+-- Move the (locked, current) messages ids to the dead letters with error
+-- (error_if_nacked instead for those whose last delivery was nacked, when
+-- given); the number moved. The one place that buries messages.
+CREATE FUNCTION dq__bury(
+    ids bigint[], error text, error_if_nacked text, failed_at timestamptz
+) RETURNS integer
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
     WITH moved AS (
         DELETE FROM @extschema@.dq_messages AS m
         WHERE m.id = ANY(ids)
-        RETURNING m.queue, m.key, m.id, m.payload, m.state, m.scheduled_at, m.created_at, m.attempts
+        RETURNING m.queue, m.key, m.id, m.payload, m.state, m.scheduled_at, m.created_at, m.attempts,
+            m.lock_token IS NULL AS nacked
     ),
 
     buried AS (
@@ -40,7 +44,8 @@ AS $$
             queue, key, id, payload, state, scheduled_at, created_at, attempts, error, failed_at
         )
         SELECT mv.queue, mv.key, mv.id, mv.payload, mv.state, mv.scheduled_at, mv.created_at, mv.attempts,
-            dq__bury.error, dq__bury.failed_at
+            CASE WHEN mv.nacked THEN coalesce(dq__bury.error_if_nacked, dq__bury.error) ELSE dq__bury.error END,
+            dq__bury.failed_at
         FROM moved AS mv
         ORDER BY mv.queue, mv.key
         ON CONFLICT ON CONSTRAINT dq_dead_letters_pkey DO UPDATE
@@ -72,6 +77,7 @@ AS $$
             FOR UPDATE
         ),
         dq_dead_letter.error,
+        NULL::text,
         @extschema@.dq_now()
     ) = 1
 $$;
