@@ -87,7 +87,10 @@ SELECT throws_ok(
 SELECT dq_configure('t_max_why', 1);
 SELECT dq_offer_many('t_max_why', ARRAY['nacked', 'expired'], ARRAY['1', '2']::jsonb[]);
 CREATE TEMP TABLE why AS SELECT * FROM dq_poll_many('t_max_why', 10, '1 minute');
-SELECT dq_nack((SELECT lock_token FROM why WHERE key = 'nacked'));
+SELECT dq_nack((
+    SELECT lock_token FROM why
+    WHERE key = 'nacked'
+));
 SELECT set_config('dq.now', '2024-01-01 10:10:00+00', TRUE);
 SELECT is((SELECT count(*)::int FROM dq_poll_many('t_max_why', 10, '1 minute')), 0, 'no delivery past max_attempts');
 SELECT is(
