@@ -70,8 +70,8 @@ spark-demo: deps venv
 cluster-stop:
 	scripts/pgcluster.sh stop test; scripts/pgcluster.sh stop demo; scripts/pgcluster.sh stop bench
 
-sync-code:
-	python3 python/tools/gen_sync.py
+sync-code: venv
+	$(VENV)/bin/python python/tools/gen_sync.py
 	python3 python/tools/gen_upgrade.py
 
 bench: deps venv

@@ -94,9 +94,10 @@ class AsyncDelivery:
 class AsyncQueue:
     """One queue of pgdq. Every method is one SQL statement: one round trip.
 
-    source is an AsyncConnection (used as it is: its transaction is yours), an
-    AsyncConnectionPool (one pooled connection per call, committed on return)
-    or a conninfo string (one autocommit connection, opened on first use).
+    source is a connection (AsyncConnection: used as it is, its transaction is
+    yours), a pool (AsyncConnectionPool: one pooled connection per call,
+    committed on return) or a conninfo string (one autocommit connection,
+    opened on first use).
     Methods that write take conn= to run inside your own transaction instead.
     """
 

@@ -5,25 +5,21 @@ Generated from _async_queue.py; edit that file, then run `make sync-code`.
 """
 
 from __future__ import annotations
-
 from collections.abc import Iterator, Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
-
 import psycopg
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
-
 from . import _statements as st
 from .codec import Codec, JsonCodec, dumps_array
 from .errors import PayloadDecodeError, StaleToken, translate
 from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, QueueStats, Schedule
 
 _OUTCOMES = {o.value: o for o in OfferOutcome}
-
 Source = Connection[Any] | ConnectionPool[Any] | str
 
 
@@ -66,13 +62,7 @@ class Delivery:
         if not self.source.ack(self.lock_token, conn=conn):
             raise StaleToken(f"cannot ack {self.key!r}: the delivery is no longer current")
 
-    def nack(
-        self,
-        retry_at: datetime | None = None,
-        state: Any = None,
-        *,
-        conn: Connection[Any] | None = None,
-    ) -> None:
+    def nack(self, retry_at: datetime | None = None, state: Any = None, *, conn: Connection[Any] | None = None) -> None:
         """Give the message back, due at retry_at (None: now), saving state if given."""
         if not self.source.nack(self.lock_token, retry_at, state, conn=conn):
             raise StaleToken(f"cannot nack {self.key!r}: the delivery is no longer current")
@@ -93,9 +83,10 @@ class Delivery:
 class Queue:
     """One queue of pgdq. Every method is one SQL statement: one round trip.
 
-    source is an Connection (used as it is: its transaction is yours), an
-    ConnectionPool (one pooled connection per call, committed on return)
-    or a conninfo string (one autocommit connection, opened on first use).
+    source is a connection (Connection: used as it is, its transaction is
+    yours), a pool (ConnectionPool: one pooled connection per call,
+    committed on return) or a conninfo string (one autocommit connection,
+    opened on first use).
     Methods that write take conn= to run inside your own transaction instead.
     """
 
@@ -142,9 +133,7 @@ class Queue:
         else:
             yield self._source
 
-    def _rows(
-        self, method: str, params: Sequence[Any], conn: Connection[Any] | None = None
-    ) -> list[tuple[Any, ...]]:
+    def _rows(self, method: str, params: Sequence[Any], conn: Connection[Any] | None = None) -> list[tuple[Any, ...]]:
         """Run the method's one statement; its rows. Server errors become pgdq's."""
         with self._connection(conn) as c:
             try:
@@ -164,7 +153,7 @@ class Queue:
     def _delivery(self, row: tuple[Any, ...]) -> Delivery:
         """A delivery of a row; a payload the codec rejects becomes its decode_error."""
         id_, queue, key, payload, state, scheduled_at, created_at, attempts, redelivery, token, until = row
-        decoded, error = None, None
+        decoded, error = (None, None)
         try:
             decoded = self.codec.load(payload)
         except Exception as e:  # the codec is the caller's code: any error is this delivery's alone
@@ -217,9 +206,7 @@ class Queue:
 
     # consuming
 
-    def poll(
-        self, lease: st.Lease | None = None, *, conn: Connection[Any] | None = None
-    ) -> Delivery | None:
+    def poll(self, lease: st.Lease | None = None, *, conn: Connection[Any] | None = None) -> Delivery | None:
         """Lease the earliest due message (dq_poll), or None."""
         rows = self._rows("poll", (self.name, self._lease(lease)), conn)
         return self._delivery(rows[0]) if rows else None
@@ -248,9 +235,7 @@ class Queue:
         """Delete the message leased under lock_token; False when stale (dq_ack)."""
         return bool(self._value("ack", (lock_token,), conn))
 
-    def ack_many(
-        self, lock_tokens: Sequence[UUID | None] | None, *, conn: Connection[Any] | None = None
-    ) -> int:
+    def ack_many(self, lock_tokens: Sequence[UUID | None] | None, *, conn: Connection[Any] | None = None) -> int:
         """Ack a batch of tokens; how many were current (dq_ack_many)."""
         return int(self._value("ack_many", (st.token_list(lock_tokens),), conn))
 
@@ -320,11 +305,7 @@ class Queue:
         return [DeadLetter(q, k, self.codec.load(p), *rest) for q, k, p, *rest in rows]
 
     def redrive(
-        self,
-        key: str | None = None,
-        scheduled_at: datetime | None = None,
-        *,
-        conn: Connection[Any] | None = None,
+        self, key: str | None = None, scheduled_at: datetime | None = None, *, conn: Connection[Any] | None = None
     ) -> int:
         """Offer the dead letters (key's only, if given) again; how many (dq_dead_redrive)."""
         params = (self.name, key, st.aware(scheduled_at, "scheduled_at"))
