@@ -22,6 +22,18 @@ ALTER TABLE @extschema@.dq_schedules
     ADD COLUMN failures integer NOT NULL DEFAULT 0,
     ADD COLUMN missed_from timestamptz;
 DROP FUNCTION dq_schedules(text);
+-- A message keeps the error of its last nack (1.1): a new column (instant,
+-- no rewrite), dq_nack's new 4th argument `error`, and a bury that says it.
+ALTER TABLE @extschema@.dq_messages ADD COLUMN last_error text;
+DROP FUNCTION dq_nack(uuid, timestamptz, jsonb);
+-- Snapshot reads of every queue's dead letters by id range (dq_read_*).
+CREATE INDEX dq_dead_letters_id ON @extschema@.dq_dead_letters (id);
+-- Parameters carry their API names, no p_ prefix (sql/src/20_checks.sql).
+DROP FUNCTION dq__materialise(text, timestamptz);
+-- The reading functions check their arguments themselves (LANGUAGE sql).
+DROP FUNCTION dq__get(text, text);
+DROP FUNCTION dq__stats(text);
+DROP FUNCTION dq__dead_list(text, integer);
 
 -- Every function of 1.1.0, as sql/src defines it.
 -- The time dq.now pins the clock to (STRICT: never called when it is unset);
@@ -112,10 +124,81 @@ AS $$
     )
 $$;
 
--- Raise 22004/22023 unless the queue name follows the name rule (1..100).
+-- The longest queue name, in characters (docs/sql-reference.md, Names).
+CREATE OR REPLACE FUNCTION dq__queue_max_length() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 100::pg_catalog.int4 $$;
+
+-- The longest message key, in characters (docs/sql-reference.md, Names).
+CREATE OR REPLACE FUNCTION dq__key_max_length() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 200::pg_catalog.int4 $$;
+
+-- True when queue follows the queue name rule (inlines, for hot paths).
+CREATE OR REPLACE FUNCTION dq__valid_queue(queue text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT @extschema@.dq__valid_name(queue, @extschema@.dq__queue_max_length()) $$;
+
+-- Raise 22004/22023 unless queue follows the queue name rule.
 CREATE OR REPLACE FUNCTION dq__check_queue(queue text) RETURNS void
 LANGUAGE sql IMMUTABLE
-AS $$ SELECT @extschema@.dq__check_name(queue, 'queue', 100) $$;
+AS $$ SELECT @extschema@.dq__check_name(queue, 'queue', @extschema@.dq__queue_max_length()) $$;
+
+-- True when key follows the key rule (inlines, for hot paths).
+CREATE OR REPLACE FUNCTION dq__valid_key(key text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT @extschema@.dq__valid_name(key, @extschema@.dq__key_max_length()) $$;
+
+-- Raise 22004/22023 naming arg_name unless key follows the key rule.
+CREATE OR REPLACE FUNCTION dq__check_key(key text, arg_name text) RETURNS void
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT @extschema@.dq__check_name(key, arg_name, @extschema@.dq__key_max_length()) $$;
+
+-- The most characters of a consumer's error a message keeps (dq_nack keeps
+-- the last ones: a traceback ends with the exception).
+CREATE OR REPLACE FUNCTION dq__error_max_length() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 4000::pg_catalog.int4 $$;
+
+-- Raise 22004/22023 naming arg_name unless value is non-NULL and low..high.
+CREATE OR REPLACE FUNCTION dq__check_between(
+    value integer, arg_name text, low integer, high integer
+) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    PERFORM @extschema@.dq__null_check(value IS NULL, arg_name);
+    IF value OPERATOR(pg_catalog.<) low OR value OPERATOR(pg_catalog.>) high THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('pgdq: %s must be %s to %s, got %s', arg_name, low, high, value);
+    END IF;
+END
+$$;
+
+-- Raise 22023 naming arg_name unless value is one of allowed (NULL passes).
+CREATE OR REPLACE FUNCTION dq__check_one_of(value text, arg_name text, allowed text[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF NOT value OPERATOR(pg_catalog.=) ANY(allowed) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format(
+                'pgdq: %s must be one of ''%s'', got %L',
+                arg_name, pg_catalog.array_to_string(allowed, ''', '''), value
+            );
+    END IF;
+END
+$$;
+
+-- True when a message with this lock_token and due_at is leased at now_at:
+-- a lease that ended makes the message ready again (10_storage.sql).
+CREATE OR REPLACE FUNCTION dq__is_leased(
+    lock_token uuid, due_at timestamptz, now_at timestamptz
+) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT lock_token IS NOT NULL AND due_at OPERATOR(pg_catalog.>) now_at $$;
 
 -- Raise 22004 naming the argument when the array is NULL (is_null) or has a
 -- NULL element (first_null, its position: pg_catalog.array_position(arr, NULL)).
@@ -308,13 +391,13 @@ DECLARE
     v_inserted boolean;
 BEGIN
     -- one cheap test on the hot path; the checks say what is wrong
-    IF NOT @extschema@.dq__valid_name(dq_offer.queue, 100)
-        OR NOT @extschema@.dq__valid_name(dq_offer.key, 200)
+    IF NOT @extschema@.dq__valid_queue(dq_offer.queue)
+        OR NOT @extschema@.dq__valid_key(dq_offer.key)
         OR dq_offer.payload IS NULL
         OR dq_offer.can_update IS NULL
         OR NOT coalesce(isfinite(dq_offer.scheduled_at), TRUE) THEN
         PERFORM @extschema@.dq__check_queue(dq_offer.queue);
-        PERFORM @extschema@.dq__check_name(dq_offer.key, 'key', 200);
+        PERFORM @extschema@.dq__check_key(dq_offer.key, 'key');
         PERFORM @extschema@.dq__null_check(dq_offer.payload IS NULL, 'payload');
         PERFORM @extschema@.dq__null_check(dq_offer.can_update IS NULL, 'can_update');
         PERFORM @extschema@.dq__check_finite(dq_offer.scheduled_at, 'scheduled_at');
@@ -333,6 +416,7 @@ BEGIN
             created_at = excluded.created_at,
             attempts = 0,
             state = NULL,
+            last_error = NULL,
             lock_token = NULL
         WHERE dq_offer.can_update
             AND NOT @extschema@.dq__same_offer(
@@ -483,16 +567,11 @@ BEGIN
     PERFORM @extschema@.dq__check_finite_elements(scheduled_ats, 'scheduled_ats');
     SELECT k.ord INTO v_bad
     FROM unnest(keys) WITH ORDINALITY AS k (k, ord)
-    WHERE length(k.k) NOT BETWEEN 1 AND 200
+    WHERE NOT @extschema@.dq__valid_key(k.k)
     ORDER BY k.ord
     LIMIT 1;
     IF v_bad IS NOT NULL THEN
-        RAISE EXCEPTION USING
-            ERRCODE = '22023',
-            MESSAGE = format(
-                'pgdq: keys[%s] must be 1 to 200 characters long, got %s',
-                v_bad, length(keys[v_bad])
-            );
+        PERFORM @extschema@.dq__check_key(keys[v_bad], format('keys[%s]', v_bad));
     END IF;
 END
 $$;
@@ -588,6 +667,7 @@ BEGIN
                 created_at = v_now,
                 attempts = 0,
                 state = NULL,
+                last_error = NULL,
                 lock_token = NULL
             FROM @extschema@.dq__offer_chain(
                 keys, payloads, scheduled_ats, can_update, v_now,
@@ -640,7 +720,7 @@ DECLARE
     v_max_attempts integer;  -- dq_configure; NULL: no limit
     v_spent bigint[];        -- picked, but already delivered max_attempts times
 BEGIN
-    IF NOT @extschema@.dq__valid_name(v_queue, 100)
+    IF NOT @extschema@.dq__valid_queue(v_queue)
         OR max_count IS NULL
         OR NOT @extschema@.dq__valid_lease(lease, v_now) THEN
         PERFORM @extschema@.dq__check_queue(v_queue);
@@ -675,20 +755,10 @@ BEGIN
 
     -- A due message that already had max_attempts deliveries gets no more:
     -- bury it, saying whether its last lease expired without an ack or nack
-    -- (its consumers keep dying) or its last delivery was nacked.
+    -- (its consumers keep dying) or its last delivery was nacked, and with
+    -- which error (dq__gave_up_error).
     IF cardinality(v_spent) > 0 THEN
-        PERFORM @extschema@.dq__bury(
-            v_spent,
-            format(
-                'pgdq: gave up after %s deliveries (max_attempts %s): the last lease expired without an ack or nack',
-                v_max_attempts, v_max_attempts
-            ),
-            format(
-                'pgdq: gave up after %s deliveries (max_attempts %s): the last delivery was nacked',
-                v_max_attempts, v_max_attempts
-            ),
-            v_now
-        );
+        PERFORM @extschema@.dq__bury(v_spent, NULL::text, v_now, v_max_attempts);
         v_ids := ARRAY(
             SELECT i.id FROM unnest(v_ids) WITH ORDINALITY AS i (id, pos)
             WHERE i.id <> ALL (v_spent)
@@ -793,11 +863,14 @@ BEGIN
 END
 $$;
 
--- Give a leased message back, due at retry_at (NULL: now); false when stale.
+-- Give a leased message back, due at retry_at (NULL: now), with the
+-- consumer's error (its last dq__error_max_length() characters; NULL: none)
+-- as the message's last_error; false when stale.
 CREATE OR REPLACE FUNCTION dq_nack(
     lock_token uuid,
     retry_at timestamptz DEFAULT NULL,
-    state jsonb DEFAULT NULL
+    state jsonb DEFAULT NULL,
+    error text DEFAULT NULL
 ) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -817,7 +890,8 @@ BEGIN
     UPDATE @extschema@.dq_messages AS m
     SET lock_token = NULL,
         due_at = coalesce(dq_nack.retry_at, v_now),
-        state = coalesce(dq_nack.state, m.state)
+        state = coalesce(dq_nack.state, m.state),
+        last_error = right(dq_nack.error, @extschema@.dq__error_max_length())
     WHERE m.id = @extschema@.dq__token_id(dq_nack.lock_token)
         AND m.lock_token = dq_nack.lock_token
     RETURNING m.queue, m.due_at INTO v_queue, v_due_at;
@@ -877,20 +951,36 @@ BEGIN
 END
 $$;
 
--- Move the (locked, current) messages ids to the dead letters with error
--- (error_if_nacked instead for those whose last delivery was nacked, when
--- given); the number moved. The one place that buries messages.
+-- Why a poll gave up on a message after max_attempts deliveries: how its
+-- last delivery ended (nacked, or its lease expired), and the error of the
+-- last nack when it gave one (last_error).
+CREATE OR REPLACE FUNCTION dq__gave_up_error(max_attempts integer, nacked boolean, last_error text) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT format('pgdq: gave up after %s deliveries (max_attempts %s): ', max_attempts, max_attempts)
+        || CASE
+            WHEN nacked THEN 'the last delivery was nacked' || coalesce(': ' || last_error, '')
+            ELSE 'the last lease expired without an ack or nack'
+                || coalesce('; an earlier delivery was nacked: ' || last_error, '')
+        END
+$$;
+
+-- Move the (locked, current) messages ids to the dead letters, failed at
+-- failed_at, with error; or, when max_attempts is given (a poll enforcing
+-- it), each with why the poll gave up on it (dq__gave_up_error). The number
+-- moved. The one place that buries messages.
 CREATE OR REPLACE FUNCTION dq__bury(
-    ids bigint[], error text, error_if_nacked text, failed_at timestamptz
+    ids bigint[], error text, failed_at timestamptz, max_attempts integer
 ) RETURNS integer
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
     WITH moved AS (
         DELETE FROM @extschema@.dq_messages AS m
-        WHERE m.id = ANY(ids)
+        WHERE m.id = ANY(dq__bury.ids)
         RETURNING m.queue, m.key, m.id, m.payload, m.state, m.scheduled_at, m.created_at, m.attempts,
-            m.lock_token IS NULL AS nacked
+            m.lock_token IS NULL AS nacked, m.last_error
     ),
 
     buried AS (
@@ -898,7 +988,10 @@ AS $$
             queue, key, id, payload, state, scheduled_at, created_at, attempts, error, failed_at
         )
         SELECT mv.queue, mv.key, mv.id, mv.payload, mv.state, mv.scheduled_at, mv.created_at, mv.attempts,
-            CASE WHEN mv.nacked THEN coalesce(dq__bury.error_if_nacked, dq__bury.error) ELSE dq__bury.error END,
+            CASE
+                WHEN dq__bury.max_attempts IS NULL THEN dq__bury.error
+                ELSE @extschema@.dq__gave_up_error(dq__bury.max_attempts, mv.nacked, mv.last_error)
+            END,
             dq__bury.failed_at
         FROM moved AS mv
         ORDER BY mv.queue, mv.key
@@ -917,8 +1010,8 @@ AS $$
     SELECT count(*)::integer FROM buried
 $$;
 
--- Give up on a leased message: move it to the dead letters with error;
--- false (nothing changed) for a stale token.
+-- Give up on a leased message: move it to the dead letters with error (the
+-- consumer's verdict, as given); false (nothing changed) for a stale token.
 CREATE OR REPLACE FUNCTION dq_dead_letter(lock_token uuid, error text DEFAULT NULL) RETURNS boolean
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -931,27 +1024,9 @@ AS $$
             FOR UPDATE
         ),
         dq_dead_letter.error,
-        NULL::text,
-        @extschema@.dq_now()
+        @extschema@.dq_now(),
+        NULL::integer
     ) = 1
-$$;
-
--- Checked arguments, then queue's dead letters, oldest failure first.
-CREATE OR REPLACE FUNCTION dq__dead_list(p_queue text, p_max_count integer) RETURNS SETOF dq_dead_letters
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
-BEGIN
-    PERFORM @extschema@.dq__check_queue(p_queue);
-    PERFORM @extschema@.dq__null_check(p_max_count IS NULL, 'max_count');
-    RETURN QUERY
-    SELECT d.* FROM @extschema@.dq_dead_letters AS d
-    WHERE d.queue = p_queue
-    ORDER BY d.failed_at, d.key
-    LIMIT greatest(p_max_count, 0);
-END
 $$;
 
 -- Up to max_count of queue's dead letters, oldest failure first.
@@ -969,8 +1044,15 @@ CREATE OR REPLACE FUNCTION dq_dead_list(queue text, max_count integer DEFAULT 10
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+    -- the checks are statements of their own: each runs, row or no row
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_dead_list.queue);
+    SELECT @extschema@.dq__null_check(dq_dead_list.max_count IS NULL, 'max_count');
     SELECT d.queue::text, d.key::text, d.payload, d.state, d.scheduled_at, d.created_at, d.attempts, d.error, d.failed_at
-    FROM @extschema@.dq__dead_list($1, $2) AS d
+    FROM @extschema@.dq_dead_letters AS d
+    WHERE d.queue = dq_dead_list.queue
+    ORDER BY d.failed_at, d.key
+    LIMIT greatest(dq_dead_list.max_count, 0);
 $$;
 
 -- Offer queue's dead letters again (only key's when given), due at
@@ -995,7 +1077,7 @@ DECLARE
 BEGIN
     PERFORM @extschema@.dq__check_queue(v_queue);
     IF v_key IS NOT NULL THEN
-        PERFORM @extschema@.dq__check_name(v_key, 'key', 200);
+        PERFORM @extschema@.dq__check_key(v_key, 'key');
     END IF;
     PERFORM @extschema@.dq__check_finite(dq_dead_redrive.scheduled_at, 'scheduled_at');
     -- Lock order (docs/sql-reference.md, Concurrency): messages in key
@@ -1075,7 +1157,7 @@ DECLARE
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_dead_purge.queue);
     IF dq_dead_purge.key IS NOT NULL THEN
-        PERFORM @extschema@.dq__check_name(dq_dead_purge.key, 'key', 200);
+        PERFORM @extschema@.dq__check_key(dq_dead_purge.key, 'key');
     END IF;
     -- Locks in key order, like every multi-row writer (a poll burying
     -- messages upserts their dead letters in key order), so none deadlock.
@@ -1105,24 +1187,10 @@ DECLARE
     v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_cancel.queue);
-    PERFORM @extschema@.dq__check_name(dq_cancel.key, 'key', 200);
+    PERFORM @extschema@.dq__check_key(dq_cancel.key, 'key');
     DELETE FROM @extschema@.dq_messages AS m
     WHERE m.queue = dq_cancel.queue AND m.key = dq_cancel.key;
     RETURN FOUND;
-END
-$$;
-
--- The stored row of one message, checked arguments; backs dq_get.
-CREATE OR REPLACE FUNCTION dq__get(p_queue text, p_key text) RETURNS SETOF dq_messages
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM @extschema@.dq__check_queue(p_queue);
-    PERFORM @extschema@.dq__check_name(p_key, 'key', 200);
-    RETURN QUERY
-    SELECT m.* FROM @extschema@.dq_messages AS m
-    WHERE m.queue = p_queue AND m.key = p_key;
 END
 $$;
 
@@ -1141,13 +1209,61 @@ CREATE OR REPLACE FUNCTION dq_get(queue text, key text) RETURNS TABLE (
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_get.queue);
+    SELECT @extschema@.dq__check_key(dq_get.key, 'key');
     SELECT
         m.queue::text, m.key::text, m.payload, m.state, m.scheduled_at,
         m.due_at, m.attempts,
-        m.lock_token IS NOT NULL AND m.due_at > n.now_at,
+        @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at),
         m.created_at
-    FROM @extschema@.dq__get($1, $2) AS m
+    FROM @extschema@.dq_messages AS m
     CROSS JOIN @extschema@.dq_now() AS n (now_at)
+    WHERE m.queue = dq_get.queue AND m.key = dq_get.key;
+$$;
+
+-- Browse queue without locking or changing anything: up to max_count
+-- messages (1..1000) in one condition (which: 'due', 'delayed', 'leased';
+-- NULL: all), by due time then key; never a lock token.
+CREATE OR REPLACE FUNCTION dq_peek(
+    queue text,
+    which text DEFAULT NULL,
+    max_count integer DEFAULT 100
+) RETURNS TABLE (
+    key text,
+    payload jsonb,
+    state jsonb,
+    scheduled_at timestamptz,
+    due_at timestamptz,
+    attempts integer,
+    leased boolean,
+    lease_until timestamptz,
+    last_error text
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_peek.queue);
+    SELECT @extschema@.dq__check_one_of(dq_peek.which, 'which', ARRAY['due', 'delayed', 'leased']);
+    SELECT @extschema@.dq__check_between(dq_peek.max_count, 'max_count', 1, 1000);
+    SELECT
+        m.key::text, m.payload, m.state, m.scheduled_at, m.due_at, m.attempts,
+        l.leased,
+        CASE WHEN l.leased THEN m.due_at END,
+        m.last_error
+    FROM @extschema@.dq_messages AS m
+    CROSS JOIN @extschema@.dq_now() AS n (now_at)
+    CROSS JOIN LATERAL (SELECT @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)) AS l (leased)
+    WHERE m.queue = dq_peek.queue
+        AND CASE dq_peek.which
+            WHEN 'due' THEN m.due_at <= n.now_at
+            WHEN 'delayed' THEN m.due_at > n.now_at AND NOT l.leased
+            WHEN 'leased' THEN l.leased
+            ELSE TRUE
+        END
+    ORDER BY m.due_at, m.key
+    LIMIT dq_peek.max_count;
 $$;
 
 -- Delete every message of queue; the count deleted.
@@ -1176,58 +1292,6 @@ BEGIN
 END
 $$;
 
--- Per-queue counts, checked argument; backs dq_stats.
-CREATE OR REPLACE FUNCTION dq__stats(p_queue text) RETURNS TABLE (
-    o_queue text,
-    o_ready bigint,
-    o_delayed bigint,
-    o_leased bigint,
-    o_oldest_ready_at timestamptz,
-    o_next_due_at timestamptz
-)
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_now timestamptz := @extschema@.dq_now();
-BEGIN
-    IF p_queue IS NOT NULL THEN
-        PERFORM @extschema@.dq__check_queue(p_queue);
-    END IF;
-    RETURN QUERY
-    WITH counted AS (
-        SELECT
-            m.queue,
-            count(*) FILTER (WHERE m.due_at <= v_now) AS ready,
-            count(*) FILTER (
-                WHERE m.due_at > v_now AND m.lock_token IS NULL
-            ) AS delayed,
-            count(*) FILTER (
-                WHERE m.due_at > v_now AND m.lock_token IS NOT NULL
-            ) AS leased,
-            min(m.due_at) FILTER (WHERE m.due_at <= v_now) AS oldest_ready_at,
-            min(m.due_at) FILTER (
-                WHERE m.due_at > v_now AND m.lock_token IS NULL
-            ) AS next_due_at
-        FROM @extschema@.dq_messages AS m
-        WHERE p_queue IS NULL OR m.queue = p_queue
-        GROUP BY m.queue
-    )
-    SELECT
-        coalesce(c.queue, p_queue)::text,
-        coalesce(c.ready, 0),
-        coalesce(c.delayed, 0),
-        coalesce(c.leased, 0),
-        c.oldest_ready_at,
-        c.next_due_at
-    FROM counted AS c
-    -- a named queue always gets its row, zeros when empty
-    FULL JOIN (SELECT p_queue AS queue WHERE p_queue IS NOT NULL) AS named
-        ON c.queue = named.queue
-    ORDER BY 1;
-END
-$$;
-
 -- One row per queue with messages, or exactly one row for the named queue.
 CREATE OR REPLACE FUNCTION dq_stats(queue text DEFAULT NULL) RETURNS TABLE (
     queue text,
@@ -1239,7 +1303,42 @@ CREATE OR REPLACE FUNCTION dq_stats(queue text DEFAULT NULL) RETURNS TABLE (
 )
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT * FROM @extschema@.dq__stats($1) $$;
+AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_stats.queue) WHERE dq_stats.queue IS NOT NULL;
+    WITH counted AS (
+        SELECT
+            m.queue,
+            count(*) FILTER (WHERE m.due_at <= n.now_at) AS ready,
+            count(*) FILTER (
+                WHERE m.due_at > n.now_at AND m.lock_token IS NULL
+            ) AS delayed,
+            count(*) FILTER (
+                WHERE @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)
+            ) AS leased,
+            min(m.due_at) FILTER (WHERE m.due_at <= n.now_at) AS oldest_ready_at,
+            min(m.due_at) FILTER (
+                WHERE m.due_at > n.now_at AND m.lock_token IS NULL
+            ) AS next_due_at
+        FROM @extschema@.dq_messages AS m
+        CROSS JOIN @extschema@.dq_now() AS n (now_at)
+        WHERE dq_stats.queue IS NULL OR m.queue = dq_stats.queue
+        GROUP BY m.queue
+    )
+
+    SELECT
+        coalesce(c.queue, named.queue)::text,
+        coalesce(c.ready, 0),
+        coalesce(c.delayed, 0),
+        coalesce(c.leased, 0),
+        c.oldest_ready_at,
+        c.next_due_at
+    FROM counted AS c
+    -- a named queue always gets its row, zeros when empty
+    FULL JOIN (SELECT dq_stats.queue AS queue WHERE dq_stats.queue IS NOT NULL) AS named
+        ON c.queue = named.queue
+    ORDER BY 1;
+$$;
 
 -- The earliest due time in queue (leases by their end); NULL when empty.
 CREATE OR REPLACE FUNCTION dq_next_due(queue text) RETURNS timestamptz
@@ -1268,6 +1367,97 @@ BEGIN
             LIMIT 1
         )
     );
+END
+$$;
+
+-- The messages of queue (NULL: every queue) with from_id <= id < to_id, by id.
+CREATE OR REPLACE FUNCTION dq_read_messages(queue text, from_id bigint, to_id bigint) RETURNS TABLE (
+    id bigint,
+    queue text,
+    key text,
+    payload jsonb,
+    state jsonb,
+    scheduled_at timestamptz,
+    due_at timestamptz,
+    created_at timestamptz,
+    attempts integer,
+    leased boolean
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_read_messages.queue) WHERE dq_read_messages.queue IS NOT NULL;
+    SELECT
+        m.id, m.queue::text, m.key::text, m.payload, m.state, m.scheduled_at, m.due_at, m.created_at,
+        m.attempts, @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)
+    FROM @extschema@.dq_messages AS m
+    CROSS JOIN @extschema@.dq_now() AS n (now_at)
+    WHERE (dq_read_messages.queue IS NULL OR m.queue = dq_read_messages.queue)
+        AND m.id >= coalesce(dq_read_messages.from_id, -9223372036854775808)
+        AND m.id <= coalesce(dq_read_messages.to_id, 9223372036854775807)
+        AND m.id IS DISTINCT FROM dq_read_messages.to_id
+    ORDER BY m.id;
+$$;
+
+-- The dead letters of queue (NULL: every queue) with from_id <= id < to_id
+-- (id: the message's id when it failed), by id.
+CREATE OR REPLACE FUNCTION dq_read_dead_letters(queue text, from_id bigint, to_id bigint) RETURNS TABLE (
+    id bigint,
+    queue text,
+    key text,
+    payload jsonb,
+    state jsonb,
+    scheduled_at timestamptz,
+    created_at timestamptz,
+    attempts integer,
+    error text,
+    failed_at timestamptz
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_read_dead_letters.queue) WHERE dq_read_dead_letters.queue IS NOT NULL;
+    SELECT
+        d.id, d.queue::text, d.key::text, d.payload, d.state, d.scheduled_at, d.created_at,
+        d.attempts, d.error, d.failed_at
+    FROM @extschema@.dq_dead_letters AS d
+    WHERE (dq_read_dead_letters.queue IS NULL OR d.queue = dq_read_dead_letters.queue)
+        AND d.id >= coalesce(dq_read_dead_letters.from_id, -9223372036854775808)
+        AND d.id <= coalesce(dq_read_dead_letters.to_id, 9223372036854775807)
+        AND d.id IS DISTINCT FROM dq_read_dead_letters.to_id
+    ORDER BY d.id;
+$$;
+
+-- The lowest and highest id (NULL, NULL when there are none) of source,
+-- 'messages' or 'dead_letters', in queue (NULL: every queue). For every
+-- queue it reads the two ends of an index on id; for one, that queue's rows.
+CREATE OR REPLACE FUNCTION dq_read_bounds(source text, queue text) RETURNS TABLE (low bigint, high bigint)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+BEGIN
+    PERFORM @extschema@.dq__null_check(dq_read_bounds.source IS NULL, 'source');
+    PERFORM @extschema@.dq__check_one_of(dq_read_bounds.source, 'source', ARRAY['messages', 'dead_letters']);
+    IF dq_read_bounds.queue IS NOT NULL THEN
+        PERFORM @extschema@.dq__check_queue(dq_read_bounds.queue);
+    END IF;
+    -- one statement per case, so each keeps its own plan
+    IF dq_read_bounds.source = 'messages' AND dq_read_bounds.queue IS NULL THEN
+        RETURN QUERY SELECT min(m.id), max(m.id) FROM @extschema@.dq_messages AS m;
+    ELSIF dq_read_bounds.source = 'messages' THEN
+        RETURN QUERY SELECT min(m.id), max(m.id) FROM @extschema@.dq_messages AS m
+        WHERE m.queue = dq_read_bounds.queue;
+    ELSIF dq_read_bounds.queue IS NULL THEN
+        RETURN QUERY SELECT min(d.id), max(d.id) FROM @extschema@.dq_dead_letters AS d;
+    ELSE
+        RETURN QUERY SELECT min(d.id), max(d.id) FROM @extschema@.dq_dead_letters AS d
+        WHERE d.queue = dq_read_bounds.queue;
+    END IF;
 END
 $$;
 
@@ -1301,17 +1491,32 @@ AS $$
         )
 $$;
 
+-- Raise 22004/22023 unless key_prefix (a cron key prefix, or a schedule's
+-- name: arg_name) is 1..100 characters without '/'.
+CREATE OR REPLACE FUNCTION dq__check_key_prefix(key_prefix text, arg_name text) RETURNS void
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT @extschema@.dq__check_key_part(key_prefix, arg_name, 100) $$;
+
+-- Raise 22004/22023 unless config_hash is 1..64 characters without '/'.
+CREATE OR REPLACE FUNCTION dq__check_config_hash(config_hash text) RETURNS void
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT @extschema@.dq__check_key_part(config_hash, 'config_hash', 64) $$;
+
 -- Delete the not-leased occurrences under key_prefix/ whose keys are in
--- [p_from, p_below) (NULL: unbounded), all of them or only those whose config
--- hash is (keep = false) or is not (keep = true) the given one; the count
--- deleted. Rows are locked in key order, like every multi-row writer.
+-- [from_key, below_key) (NULL: unbounded), all of them or only those whose
+-- config hash is (keep_hash = false) or is not (keep_hash = true)
+-- config_hash; the count deleted. Rows are locked in key order, like every
+-- multi-row writer.
 CREATE OR REPLACE FUNCTION dq__cron_delete(
-    p_queue text, p_prefix text, p_hash text, p_keep_hash boolean,
-    p_from text DEFAULT NULL, p_below text DEFAULT NULL
+    queue text, key_prefix text, config_hash text, keep_hash boolean,
+    from_key text DEFAULT NULL, below_key text DEFAULT NULL
 ) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+#variable_conflict use_column
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
     v_deleted integer;
@@ -1322,14 +1527,16 @@ BEGIN
     WITH doomed AS (
         SELECT m.id
         FROM @extschema@.dq_messages AS m
-        WHERE m.queue = p_queue
-            AND m.key >= greatest(p_prefix || '/', p_from)
-            AND m.key < least(p_prefix || '0', p_below)
-            AND NOT (m.lock_token IS NOT NULL AND m.due_at > v_now)
+        WHERE m.queue = dq__cron_delete.queue
+            AND m.key >= greatest(dq__cron_delete.key_prefix || '/', dq__cron_delete.from_key)
+            AND m.key < least(dq__cron_delete.key_prefix || '0', dq__cron_delete.below_key)
+            AND NOT @extschema@.dq__is_leased(m.lock_token, m.due_at, v_now)
             AND (
-                p_hash IS NULL
-                OR (split_part(substr(m.key, length(p_prefix) + 2), '/', 1) = p_hash)
-                <> p_keep_hash
+                dq__cron_delete.config_hash IS NULL
+                OR (
+                    split_part(substr(m.key, length(dq__cron_delete.key_prefix) + 2), '/', 1)
+                    = dq__cron_delete.config_hash
+                ) <> dq__cron_delete.keep_hash
             )
         ORDER BY m.key
         FOR UPDATE
@@ -1367,8 +1574,8 @@ DECLARE
     v_range_end text;
 BEGIN
     PERFORM @extschema@.dq__check_queue(queue);
-    PERFORM @extschema@.dq__check_key_part(key_prefix, 'key_prefix', 100);
-    PERFORM @extschema@.dq__check_key_part(config_hash, 'config_hash', 64);
+    PERFORM @extschema@.dq__check_key_prefix(key_prefix, 'key_prefix');
+    PERFORM @extschema@.dq__check_config_hash(config_hash);
     PERFORM @extschema@.dq__null_check(scheduled_ats IS NULL, 'scheduled_ats');
     PERFORM @extschema@.dq__null_check(payloads IS NULL, 'payloads');
     PERFORM @extschema@.dq__null_check(can_update IS NULL, 'can_update');
@@ -1426,9 +1633,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM @extschema@.dq__check_queue(queue);
-    PERFORM @extschema@.dq__check_key_part(key_prefix, 'key_prefix', 100);
+    PERFORM @extschema@.dq__check_key_prefix(key_prefix, 'key_prefix');
     IF config_hash IS NOT NULL THEN
-        PERFORM @extschema@.dq__check_key_part(config_hash, 'config_hash', 64);
+        PERFORM @extschema@.dq__check_config_hash(config_hash);
     END IF;
     RETURN @extschema@.dq__cron_delete(queue, key_prefix, config_hash, false);
 END
@@ -1798,13 +2005,9 @@ DECLARE
     v_next timestamptz;
 BEGIN
     PERFORM @extschema@.dq__check_queue(queue);
-    PERFORM @extschema@.dq__check_key_part(name, 'name', 100);
+    PERFORM @extschema@.dq__check_key_prefix(name, 'name');
     PERFORM @extschema@.dq__null_check(payload IS NULL, 'payload');
-    PERFORM @extschema@.dq__null_check(max_missed IS NULL, 'max_missed');
-    IF max_missed NOT BETWEEN 1 AND 100 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('pgdq: max_missed must be 1 to 100, got %s', max_missed);
-    END IF;
+    PERFORM @extschema@.dq__check_between(max_missed, 'max_missed', 1, 100);
     v_next := @extschema@.dq_cron_next(expression, v_now, timezone);  -- checks both
     IF v_next IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
@@ -1846,7 +2049,7 @@ DECLARE
     v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
 BEGIN
     PERFORM @extschema@.dq__check_queue(queue);
-    PERFORM @extschema@.dq__check_key_part(name, 'name', 100);
+    PERFORM @extschema@.dq__check_key_prefix(name, 'name');
     DELETE FROM @extschema@.dq_schedules AS s
     WHERE s.queue = dq_schedule_remove.queue AND s.name = dq_schedule_remove.name;
     IF NOT FOUND THEN
@@ -1857,25 +2060,8 @@ BEGIN
 END
 $$;
 
--- Checked argument, then the schedules (of p_queue when not NULL), by queue
--- and name. Does not read the clock.
-CREATE OR REPLACE FUNCTION dq__schedules(p_queue text) RETURNS SETOF dq_schedules
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF p_queue IS NOT NULL THEN
-        PERFORM @extschema@.dq__check_queue(p_queue);
-    END IF;
-    RETURN QUERY
-    SELECT s.* FROM @extschema@.dq_schedules AS s
-    WHERE p_queue IS NULL OR s.queue = p_queue
-    ORDER BY s.queue, s.name;
-END
-$$;
-
 -- The schedules (of queue, when given) with their next occurrence (while
--- failing: the next attempt) and their last error.
+-- failing: the next attempt) and their last error. Does not read the clock.
 CREATE OR REPLACE FUNCTION dq_schedules(queue text DEFAULT NULL) RETURNS TABLE (
     queue text,
     name text,
@@ -1891,9 +2077,13 @@ CREATE OR REPLACE FUNCTION dq_schedules(queue text DEFAULT NULL) RETURNS TABLE (
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+    -- the check is a statement of its own: it runs, row or no row
+    SELECT @extschema@.dq__check_queue(dq_schedules.queue) WHERE dq_schedules.queue IS NOT NULL;
     SELECT s.queue::text, s.name::text, s.expression, s.timezone, s.payload, s.max_missed, s.next_at,
         s.last_error, s.last_error_at, s.failures
-    FROM @extschema@.dq__schedules($1) AS s
+    FROM @extschema@.dq_schedules AS s
+    WHERE dq_schedules.queue IS NULL OR s.queue = dq_schedules.queue
+    ORDER BY s.queue, s.name;
 $$;
 
 -- The occurrences of a schedule from next_at to until, oldest first: the
@@ -1971,10 +2161,11 @@ $$;
 -- 50 ms (the rest wait for the next poll), nor after a statement timeout.
 -- Schedules another poll is materialising are skipped (it does them), and
 -- occurrence keys make a repeat harmless.
-CREATE OR REPLACE FUNCTION dq__materialise(p_queue text, p_now timestamptz) RETURNS void
+CREATE OR REPLACE FUNCTION dq__materialise(queue text, now_at timestamptz) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+#variable_conflict use_column
 DECLARE
     v_started timestamptz := clock_timestamp();
     v_schedule record;
@@ -1986,7 +2177,7 @@ DECLARE
 BEGIN
     FOR v_schedule IN
         SELECT s.* FROM @extschema@.dq_schedules AS s
-        WHERE s.queue = p_queue AND s.next_at <= p_now
+        WHERE s.queue = dq__materialise.queue AND s.next_at <= dq__materialise.now_at
         ORDER BY s.name
         FOR UPDATE SKIP LOCKED
     LOOP
@@ -1994,14 +2185,14 @@ BEGIN
         v_state := NULL;
         BEGIN
             -- first, as it names an `after` out of range
-            v_next := coalesce(@extschema@.dq_cron_next(v_schedule.expression, p_now, v_schedule.timezone), 'infinity');
+            v_next := coalesce(@extschema@.dq_cron_next(v_schedule.expression, dq__materialise.now_at, v_schedule.timezone), 'infinity');
             v_due := @extschema@.dq__due_occurrences(
                 v_schedule.expression, v_schedule.timezone, coalesce(v_schedule.missed_from, v_schedule.next_at),
-                p_now, v_schedule.max_missed
+                dq__materialise.now_at, v_schedule.max_missed
             );
             INSERT INTO @extschema@.dq_messages (queue, key, payload, scheduled_at, due_at, created_at)
-            SELECT p_queue, @extschema@.dq__occurrence_key(v_schedule.name, v_schedule.config_hash, d.at),
-                v_schedule.payload, d.at, d.at, p_now
+            SELECT dq__materialise.queue, @extschema@.dq__occurrence_key(v_schedule.name, v_schedule.config_hash, d.at),
+                v_schedule.payload, d.at, d.at, dq__materialise.now_at
             FROM unnest(v_due) AS d (at)
             ORDER BY 2
             ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO NOTHING;
@@ -2011,7 +2202,7 @@ BEGIN
                 failures = 0,
                 last_error = NULL,
                 last_error_at = NULL
-            WHERE s.queue = p_queue AND s.name = v_schedule.name;
+            WHERE s.queue = dq__materialise.queue AND s.name = v_schedule.name;
         EXCEPTION
             WHEN query_canceled THEN
                 -- a statement timeout is this schedule's error; a cancel
@@ -2029,15 +2220,15 @@ BEGIN
             UPDATE @extschema@.dq_schedules AS s
             SET missed_from = coalesce(s.missed_from, s.next_at),
                 next_at = CASE
-                    WHEN p_now < '294276-01-01 00:00:00+00' THEN p_now + least(
+                    WHEN dq__materialise.now_at < '294276-01-01 00:00:00+00' THEN dq__materialise.now_at + least(
                         interval '1 hour', interval '1 minute' * power(2, least(s.failures, 6))
                     )
                     ELSE 'infinity'  -- the end of the timestamp range
                 END,
                 failures = s.failures + 1,
                 last_error = format('%s (SQLSTATE %s)', left(v_message, 1000), v_state),
-                last_error_at = p_now
-            WHERE s.queue = p_queue AND s.name = v_schedule.name;
+                last_error_at = dq__materialise.now_at
+            WHERE s.queue = dq__materialise.queue AND s.name = v_schedule.name;
         END IF;
         EXIT WHEN v_timed_out;
     END LOOP;

@@ -295,6 +295,12 @@ def run_every_function(conn: Conn) -> None:
         "SELECT dq_ack_many(ARRAY(SELECT lock_token FROM dq_poll_many('q'::text, 2)))",
         "SELECT * FROM dq_ack_poll(ARRAY[gen_random_uuid()], 'q', 1)",
         "SELECT dq_nack((SELECT lock_token FROM dq_poll('q'::text)), now() + interval '1 second', '{\"s\": 1}'::jsonb)",
+        "SELECT dq_nack((SELECT lock_token FROM dq_poll('q'::text)), NULL::timestamptz, NULL::jsonb, 'boom'::text)",
+        "SELECT * FROM dq_peek('q'::text) AS a, dq_peek('q'::text, 'due'::text, 5) AS b",
+        "SELECT * FROM dq_read_messages('q'::text, NULL::bigint, NULL::bigint) AS a,"
+        " dq_read_dead_letters(NULL::text, 1::bigint, NULL::bigint) AS b",
+        "SELECT * FROM dq_read_bounds('messages'::text, NULL::text) AS a,"
+        " dq_read_bounds('dead_letters'::text, 'q'::text) AS b",
         "SELECT dq_extend((SELECT lock_token FROM dq_poll('q'::text)), '1 hour'::interval)",
         "SELECT dq_offer('q', 'f', '{}'::jsonb)",
         "SELECT dq_dead_letter((SELECT lock_token FROM dq_poll('q'::text)), 'boom'::text)",
@@ -338,6 +344,10 @@ def run_every_function(conn: Conn) -> None:
         "SELECT dq_nack(gen_random_uuid(), 'infinity'::timestamptz)",
         "SELECT dq_configure('q', 0)",
         "SELECT * FROM dq_dead_list('q', NULL::integer)",
+        "SELECT * FROM dq_peek('q'::text, 'soon'::text)",
+        "SELECT * FROM dq_peek('q'::text, NULL::text, 0)",
+        "SELECT * FROM dq_read_bounds('queues'::text, NULL::text)",
+        "SELECT * FROM dq_read_messages(''::text, NULL::bigint, NULL::bigint)",
         "SELECT dq_cron_install('q', 'tick', 'h', ARRAY[NULL]::timestamptz[], ARRAY['{}']::jsonb[])",
         "SELECT dq_cron_next('61 * * * *', now(), 'UTC')",
         "SELECT dq_cron_next('* * * * *', 'infinity', 'UTC')",

@@ -150,6 +150,10 @@ CALLS = {
     "dq_schedule_set": "SELECT dq_schedule_set(%(q)s, 'other', '0 2 * * *')",
     "dq_schedule_remove": "SELECT dq_schedule_remove(%(q)s, 'tick')",
     "dq_schedules": "SELECT * FROM dq_schedules()",
+    "dq_peek": "SELECT * FROM dq_peek(%(q)s)",
+    "dq_read_messages": "SELECT * FROM dq_read_messages(%(q)s, NULL, NULL)",
+    "dq_read_dead_letters": "SELECT * FROM dq_read_dead_letters(%(q)s, NULL, NULL)",
+    "dq_read_bounds": "SELECT * FROM dq_read_bounds('messages', %(q)s)",
 }
 
 
@@ -322,6 +326,10 @@ def test_another_tenants_queues_look_empty_and_stay_intact(isolated: str) -> Non
         assert rows(t, "SELECT * FROM dq_dead_list(%s)", b) == []
         assert rows(t, "SELECT * FROM dq_schedules(%s)", b) == []
         assert all(r[0].startswith("payroll/") for r in rows(t, "SELECT queue FROM dq_schedules()"))
+        assert rows(t, "SELECT * FROM dq_peek(%s)", b) == []
+        assert not any(r[0] == b for r in rows(t, "SELECT queue FROM dq_read_messages(NULL, NULL, NULL)"))
+        assert not any(r[0] == b for r in rows(t, "SELECT queue FROM dq_read_dead_letters(NULL, NULL, NULL)"))
+        assert rows(t, "SELECT * FROM dq_read_bounds('messages', %s)", b) == [(None, None)]
         assert value(t, "SELECT count(*) FROM dq_messages WHERE queue = %s", b) == 0
         # changes change nothing, even with billing's own lock token
         assert value(t, "SELECT dq_ack(%s)", token) is False

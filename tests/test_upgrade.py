@@ -188,6 +188,9 @@ def test_a_live_database_upgrades_with_everything_in_it(scratch: str, kind: str)
         # 1.1 added last_error, last_error_at, failures and missed_from to dq_schedules
         assert [row[8:] for row in after["dq_schedules"]] == [(None, None, 0, None)]
         after["dq_schedules"] = [row[:8] for row in after["dq_schedules"]]
+        # and last_error to dq_messages, as its last column
+        assert [row[-1] for row in after["dq_messages"]] == [None] * len(before["dq_messages"])
+        after["dq_messages"] = [row[:-1] for row in after["dq_messages"]]
         assert after == before, "the upgrade changed no row"
         assert consumer.execute("SELECT dq_extend(%s, '1 minute') IS NOT NULL", (token,)).fetchone() == (True,)
         assert consumer.execute("SELECT dq_ack(%s)", (token,)).fetchone() == (True,), "the old token still acks"
@@ -203,6 +206,10 @@ def test_a_live_database_upgrades_with_everything_in_it(scratch: str, kind: str)
         assert conn.execute("SELECT name FROM dq_schedules('live')").fetchall() == [("nightly",)]
         assert conn.execute("SELECT max_attempts FROM dq_queues").fetchall() == [(5,)]
         conn.execute("SELECT dq_offer('live', 'new', '1')")
+        assert conn.execute("SELECT dq_nack(lock_token, NULL, NULL, 'boom') FROM dq_poll('live')").fetchone() == (True,)
+        assert conn.execute("SELECT last_error FROM dq_peek('live') WHERE last_error IS NOT NULL").fetchall() == [
+            ("boom",)
+        ], "a nack keeps its error in the upgraded table"
         new_id = conn.execute("SELECT id FROM dq_messages WHERE key = 'new'").fetchone()
         assert new_id is not None and new_id[0] > max(row[0] for row in before["dq_messages"]), "ids kept counting"
 

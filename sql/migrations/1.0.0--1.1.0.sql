@@ -19,6 +19,18 @@ ALTER TABLE @extschema@.dq_schedules
     ADD COLUMN failures integer NOT NULL DEFAULT 0,
     ADD COLUMN missed_from timestamptz;
 DROP FUNCTION dq_schedules(text);
+-- A message keeps the error of its last nack (1.1): a new column (instant,
+-- no rewrite), dq_nack's new 4th argument `error`, and a bury that says it.
+ALTER TABLE @extschema@.dq_messages ADD COLUMN last_error text;
+DROP FUNCTION dq_nack(uuid, timestamptz, jsonb);
+-- Snapshot reads of every queue's dead letters by id range (dq_read_*).
+CREATE INDEX dq_dead_letters_id ON @extschema@.dq_dead_letters (id);
+-- Parameters carry their API names, no p_ prefix (sql/src/20_checks.sql).
+DROP FUNCTION dq__materialise(text, timestamptz);
+-- The reading functions check their arguments themselves (LANGUAGE sql).
+DROP FUNCTION dq__get(text, text);
+DROP FUNCTION dq__stats(text);
+DROP FUNCTION dq__dead_list(text, integer);
 
 -- @functions
 

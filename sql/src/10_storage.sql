@@ -23,6 +23,10 @@ CREATE TABLE dq_messages (
     -- are the row id (see dq__token), so acks find the row by primary key
     -- and the table needs no index on tokens.
     lock_token uuid,
+    -- The error the last nack gave (dq_nack's error, its last 4,000
+    -- characters); NULL when it gave none. An offer that resets attempts
+    -- clears it too. Since 1.1 (last: ALTER TABLE adds it there).
+    last_error text,
     CONSTRAINT dq_messages_queue_key UNIQUE (queue, key)
 ) WITH (
     -- Every lease, nack and extend moves due_at, an indexed column, so those
@@ -44,7 +48,7 @@ CREATE TABLE dq_messages (
 -- whose best plan does not depend on the arguments, and letting plpgsql plan
 -- them anew on every call (custom plans) cost more than running them: a
 -- one-message poll took 0.25 ms of server time instead of 0.12 ms.
--- pgtap/09_plans.sql checks that these plans stay on the indexes.
+-- pgtap/10_plans.sql checks that these plans stay on the indexes.
 
 -- The poll path: due messages of one queue, earliest first, ties by id.
 -- Polls and dq_next_due read only the head of one queue's range, so their
@@ -139,6 +143,10 @@ CREATE TABLE dq_dead_letters (
 
 -- Listing a queue's dead letters, oldest failure first.
 CREATE INDEX dq_dead_letters_failed ON dq_dead_letters (queue, failed_at, key);
+
+-- Snapshot reads of every queue's dead letters by id range (dq_read_*).
+-- Not unique: a 1.0.0 database restored from a dump reused ids.
+CREATE INDEX dq_dead_letters_id ON dq_dead_letters (id);
 
 COMMENT ON TABLE dq_dead_letters IS
 'pgdq dead letters. Use the dq_dead_* functions; the layout is internal and may change.';

@@ -1,5 +1,15 @@
 -- Argument checks and lock tokens, shared by every public function.
 -- Internal helpers are named dq__* (two underscores) and are not part of the SQL API.
+-- Each argument rule has one checker here (dq__check_*: raises 22004/22023
+-- naming the argument) and, where a hot path needs it, one inlinable test
+-- (dq__valid_*: true or false); every limit is written once.
+--
+-- Naming, in every function of sql/src: parameters carry their API names,
+-- with no prefix (queue, key, max_count, now_at), internal helpers' too;
+-- where one could be read as a column, the function name qualifies it
+-- (dq_offer.key), under `#variable_conflict use_column` in plpgsql. Locals
+-- are v_*. Result columns are the API's names; a function whose result
+-- column would repeat an argument's name is LANGUAGE sql (plpgsql refuses it).
 -- These helpers sit on every hot path, so instead of pinning search_path
 -- (a SET clause costs microseconds per call and blocks inlining) they
 -- schema-qualify every function and operator they use; the other functions
@@ -55,10 +65,81 @@ AS $$
     )
 $$;
 
--- Raise 22004/22023 unless the queue name follows the name rule (1..100).
+-- The longest queue name, in characters (docs/sql-reference.md, Names).
+CREATE FUNCTION dq__queue_max_length() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 100::pg_catalog.int4 $$;
+
+-- The longest message key, in characters (docs/sql-reference.md, Names).
+CREATE FUNCTION dq__key_max_length() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 200::pg_catalog.int4 $$;
+
+-- True when queue follows the queue name rule (inlines, for hot paths).
+CREATE FUNCTION dq__valid_queue(queue text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT @extschema@.dq__valid_name(queue, @extschema@.dq__queue_max_length()) $$;
+
+-- Raise 22004/22023 unless queue follows the queue name rule.
 CREATE FUNCTION dq__check_queue(queue text) RETURNS void
 LANGUAGE sql IMMUTABLE
-AS $$ SELECT @extschema@.dq__check_name(queue, 'queue', 100) $$;
+AS $$ SELECT @extschema@.dq__check_name(queue, 'queue', @extschema@.dq__queue_max_length()) $$;
+
+-- True when key follows the key rule (inlines, for hot paths).
+CREATE FUNCTION dq__valid_key(key text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT @extschema@.dq__valid_name(key, @extschema@.dq__key_max_length()) $$;
+
+-- Raise 22004/22023 naming arg_name unless key follows the key rule.
+CREATE FUNCTION dq__check_key(key text, arg_name text) RETURNS void
+LANGUAGE sql IMMUTABLE
+AS $$ SELECT @extschema@.dq__check_name(key, arg_name, @extschema@.dq__key_max_length()) $$;
+
+-- The most characters of a consumer's error a message keeps (dq_nack keeps
+-- the last ones: a traceback ends with the exception).
+CREATE FUNCTION dq__error_max_length() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 4000::pg_catalog.int4 $$;
+
+-- Raise 22004/22023 naming arg_name unless value is non-NULL and low..high.
+CREATE FUNCTION dq__check_between(
+    value integer, arg_name text, low integer, high integer
+) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    PERFORM @extschema@.dq__null_check(value IS NULL, arg_name);
+    IF value OPERATOR(pg_catalog.<) low OR value OPERATOR(pg_catalog.>) high THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('pgdq: %s must be %s to %s, got %s', arg_name, low, high, value);
+    END IF;
+END
+$$;
+
+-- Raise 22023 naming arg_name unless value is one of allowed (NULL passes).
+CREATE FUNCTION dq__check_one_of(value text, arg_name text, allowed text[]) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF NOT value OPERATOR(pg_catalog.=) ANY(allowed) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format(
+                'pgdq: %s must be one of ''%s'', got %L',
+                arg_name, pg_catalog.array_to_string(allowed, ''', '''), value
+            );
+    END IF;
+END
+$$;
+
+-- True when a message with this lock_token and due_at is leased at now_at:
+-- a lease that ended makes the message ready again (10_storage.sql).
+CREATE FUNCTION dq__is_leased(
+    lock_token uuid, due_at timestamptz, now_at timestamptz
+) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT lock_token IS NOT NULL AND due_at OPERATOR(pg_catalog.>) now_at $$;
 
 -- Raise 22004 naming the argument when the array is NULL (is_null) or has a
 -- NULL element (first_null, its position: pg_catalog.array_position(arr, NULL)).

@@ -60,13 +60,13 @@ DECLARE
     v_inserted boolean;
 BEGIN
     -- one cheap test on the hot path; the checks say what is wrong
-    IF NOT @extschema@.dq__valid_name(dq_offer.queue, 100)
-        OR NOT @extschema@.dq__valid_name(dq_offer.key, 200)
+    IF NOT @extschema@.dq__valid_queue(dq_offer.queue)
+        OR NOT @extschema@.dq__valid_key(dq_offer.key)
         OR dq_offer.payload IS NULL
         OR dq_offer.can_update IS NULL
         OR NOT coalesce(isfinite(dq_offer.scheduled_at), TRUE) THEN
         PERFORM @extschema@.dq__check_queue(dq_offer.queue);
-        PERFORM @extschema@.dq__check_name(dq_offer.key, 'key', 200);
+        PERFORM @extschema@.dq__check_key(dq_offer.key, 'key');
         PERFORM @extschema@.dq__null_check(dq_offer.payload IS NULL, 'payload');
         PERFORM @extschema@.dq__null_check(dq_offer.can_update IS NULL, 'can_update');
         PERFORM @extschema@.dq__check_finite(dq_offer.scheduled_at, 'scheduled_at');
@@ -85,6 +85,7 @@ BEGIN
             created_at = excluded.created_at,
             attempts = 0,
             state = NULL,
+            last_error = NULL,
             lock_token = NULL
         WHERE dq_offer.can_update
             AND NOT @extschema@.dq__same_offer(
@@ -235,16 +236,11 @@ BEGIN
     PERFORM @extschema@.dq__check_finite_elements(scheduled_ats, 'scheduled_ats');
     SELECT k.ord INTO v_bad
     FROM unnest(keys) WITH ORDINALITY AS k (k, ord)
-    WHERE length(k.k) NOT BETWEEN 1 AND 200
+    WHERE NOT @extschema@.dq__valid_key(k.k)
     ORDER BY k.ord
     LIMIT 1;
     IF v_bad IS NOT NULL THEN
-        RAISE EXCEPTION USING
-            ERRCODE = '22023',
-            MESSAGE = format(
-                'pgdq: keys[%s] must be 1 to 200 characters long, got %s',
-                v_bad, length(keys[v_bad])
-            );
+        PERFORM @extschema@.dq__check_key(keys[v_bad], format('keys[%s]', v_bad));
     END IF;
 END
 $$;
@@ -340,6 +336,7 @@ BEGIN
                 created_at = v_now,
                 attempts = 0,
                 state = NULL,
+                last_error = NULL,
                 lock_token = NULL
             FROM @extschema@.dq__offer_chain(
                 keys, payloads, scheduled_ats, can_update, v_now,

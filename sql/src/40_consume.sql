@@ -18,7 +18,7 @@ DECLARE
     v_max_attempts integer;  -- dq_configure; NULL: no limit
     v_spent bigint[];        -- picked, but already delivered max_attempts times
 BEGIN
-    IF NOT @extschema@.dq__valid_name(v_queue, 100)
+    IF NOT @extschema@.dq__valid_queue(v_queue)
         OR max_count IS NULL
         OR NOT @extschema@.dq__valid_lease(lease, v_now) THEN
         PERFORM @extschema@.dq__check_queue(v_queue);
@@ -53,20 +53,10 @@ BEGIN
 
     -- A due message that already had max_attempts deliveries gets no more:
     -- bury it, saying whether its last lease expired without an ack or nack
-    -- (its consumers keep dying) or its last delivery was nacked.
+    -- (its consumers keep dying) or its last delivery was nacked, and with
+    -- which error (dq__gave_up_error).
     IF cardinality(v_spent) > 0 THEN
-        PERFORM @extschema@.dq__bury(
-            v_spent,
-            format(
-                'pgdq: gave up after %s deliveries (max_attempts %s): the last lease expired without an ack or nack',
-                v_max_attempts, v_max_attempts
-            ),
-            format(
-                'pgdq: gave up after %s deliveries (max_attempts %s): the last delivery was nacked',
-                v_max_attempts, v_max_attempts
-            ),
-            v_now
-        );
+        PERFORM @extschema@.dq__bury(v_spent, NULL::text, v_now, v_max_attempts);
         v_ids := ARRAY(
             SELECT i.id FROM unnest(v_ids) WITH ORDINALITY AS i (id, pos)
             WHERE i.id <> ALL (v_spent)
@@ -171,11 +161,14 @@ BEGIN
 END
 $$;
 
--- Give a leased message back, due at retry_at (NULL: now); false when stale.
+-- Give a leased message back, due at retry_at (NULL: now), with the
+-- consumer's error (its last dq__error_max_length() characters; NULL: none)
+-- as the message's last_error; false when stale.
 CREATE FUNCTION dq_nack(
     lock_token uuid,
     retry_at timestamptz DEFAULT NULL,
-    state jsonb DEFAULT NULL
+    state jsonb DEFAULT NULL,
+    error text DEFAULT NULL
 ) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -195,7 +188,8 @@ BEGIN
     UPDATE @extschema@.dq_messages AS m
     SET lock_token = NULL,
         due_at = coalesce(dq_nack.retry_at, v_now),
-        state = coalesce(dq_nack.state, m.state)
+        state = coalesce(dq_nack.state, m.state),
+        last_error = right(dq_nack.error, @extschema@.dq__error_max_length())
     WHERE m.id = @extschema@.dq__token_id(dq_nack.lock_token)
         AND m.lock_token = dq_nack.lock_token
     RETURNING m.queue, m.due_at INTO v_queue, v_due_at;

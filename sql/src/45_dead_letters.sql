@@ -23,20 +23,36 @@ BEGIN
 END
 $$;
 
--- Move the (locked, current) messages ids to the dead letters with error
--- (error_if_nacked instead for those whose last delivery was nacked, when
--- given); the number moved. The one place that buries messages.
+-- Why a poll gave up on a message after max_attempts deliveries: how its
+-- last delivery ended (nacked, or its lease expired), and the error of the
+-- last nack when it gave one (last_error).
+CREATE FUNCTION dq__gave_up_error(max_attempts integer, nacked boolean, last_error text) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT format('pgdq: gave up after %s deliveries (max_attempts %s): ', max_attempts, max_attempts)
+        || CASE
+            WHEN nacked THEN 'the last delivery was nacked' || coalesce(': ' || last_error, '')
+            ELSE 'the last lease expired without an ack or nack'
+                || coalesce('; an earlier delivery was nacked: ' || last_error, '')
+        END
+$$;
+
+-- Move the (locked, current) messages ids to the dead letters, failed at
+-- failed_at, with error; or, when max_attempts is given (a poll enforcing
+-- it), each with why the poll gave up on it (dq__gave_up_error). The number
+-- moved. The one place that buries messages.
 CREATE FUNCTION dq__bury(
-    ids bigint[], error text, error_if_nacked text, failed_at timestamptz
+    ids bigint[], error text, failed_at timestamptz, max_attempts integer
 ) RETURNS integer
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
     WITH moved AS (
         DELETE FROM @extschema@.dq_messages AS m
-        WHERE m.id = ANY(ids)
+        WHERE m.id = ANY(dq__bury.ids)
         RETURNING m.queue, m.key, m.id, m.payload, m.state, m.scheduled_at, m.created_at, m.attempts,
-            m.lock_token IS NULL AS nacked
+            m.lock_token IS NULL AS nacked, m.last_error
     ),
 
     buried AS (
@@ -44,7 +60,10 @@ AS $$
             queue, key, id, payload, state, scheduled_at, created_at, attempts, error, failed_at
         )
         SELECT mv.queue, mv.key, mv.id, mv.payload, mv.state, mv.scheduled_at, mv.created_at, mv.attempts,
-            CASE WHEN mv.nacked THEN coalesce(dq__bury.error_if_nacked, dq__bury.error) ELSE dq__bury.error END,
+            CASE
+                WHEN dq__bury.max_attempts IS NULL THEN dq__bury.error
+                ELSE @extschema@.dq__gave_up_error(dq__bury.max_attempts, mv.nacked, mv.last_error)
+            END,
             dq__bury.failed_at
         FROM moved AS mv
         ORDER BY mv.queue, mv.key
@@ -63,8 +82,8 @@ AS $$
     SELECT count(*)::integer FROM buried
 $$;
 
--- Give up on a leased message: move it to the dead letters with error;
--- false (nothing changed) for a stale token.
+-- Give up on a leased message: move it to the dead letters with error (the
+-- consumer's verdict, as given); false (nothing changed) for a stale token.
 CREATE FUNCTION dq_dead_letter(lock_token uuid, error text DEFAULT NULL) RETURNS boolean
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -77,27 +96,9 @@ AS $$
             FOR UPDATE
         ),
         dq_dead_letter.error,
-        NULL::text,
-        @extschema@.dq_now()
+        @extschema@.dq_now(),
+        NULL::integer
     ) = 1
-$$;
-
--- Checked arguments, then queue's dead letters, oldest failure first.
-CREATE FUNCTION dq__dead_list(p_queue text, p_max_count integer) RETURNS SETOF dq_dead_letters
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
-BEGIN
-    PERFORM @extschema@.dq__check_queue(p_queue);
-    PERFORM @extschema@.dq__null_check(p_max_count IS NULL, 'max_count');
-    RETURN QUERY
-    SELECT d.* FROM @extschema@.dq_dead_letters AS d
-    WHERE d.queue = p_queue
-    ORDER BY d.failed_at, d.key
-    LIMIT greatest(p_max_count, 0);
-END
 $$;
 
 -- Up to max_count of queue's dead letters, oldest failure first.
@@ -115,8 +116,15 @@ CREATE FUNCTION dq_dead_list(queue text, max_count integer DEFAULT 100) RETURNS 
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+    -- the checks are statements of their own: each runs, row or no row
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_dead_list.queue);
+    SELECT @extschema@.dq__null_check(dq_dead_list.max_count IS NULL, 'max_count');
     SELECT d.queue::text, d.key::text, d.payload, d.state, d.scheduled_at, d.created_at, d.attempts, d.error, d.failed_at
-    FROM @extschema@.dq__dead_list($1, $2) AS d
+    FROM @extschema@.dq_dead_letters AS d
+    WHERE d.queue = dq_dead_list.queue
+    ORDER BY d.failed_at, d.key
+    LIMIT greatest(dq_dead_list.max_count, 0);
 $$;
 
 -- Offer queue's dead letters again (only key's when given), due at
@@ -141,7 +149,7 @@ DECLARE
 BEGIN
     PERFORM @extschema@.dq__check_queue(v_queue);
     IF v_key IS NOT NULL THEN
-        PERFORM @extschema@.dq__check_name(v_key, 'key', 200);
+        PERFORM @extschema@.dq__check_key(v_key, 'key');
     END IF;
     PERFORM @extschema@.dq__check_finite(dq_dead_redrive.scheduled_at, 'scheduled_at');
     -- Lock order (docs/sql-reference.md, Concurrency): messages in key
@@ -221,7 +229,7 @@ DECLARE
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_dead_purge.queue);
     IF dq_dead_purge.key IS NOT NULL THEN
-        PERFORM @extschema@.dq__check_name(dq_dead_purge.key, 'key', 200);
+        PERFORM @extschema@.dq__check_key(dq_dead_purge.key, 'key');
     END IF;
     -- Locks in key order, like every multi-row writer (a poll burying
     -- messages upserts their dead letters in key order), so none deadlock.

@@ -1,4 +1,7 @@
--- Managing: cancel, get, purge, stats, next_due.
+-- Managing: cancel, get, peek, purge, stats, next_due.
+-- The reading functions are LANGUAGE sql: their argument checks are
+-- statements of their own, so each runs whether or not a row is read, and
+-- their result columns may repeat their arguments' names.
 
 -- Delete one message, leased or not; true if one was deleted.
 CREATE FUNCTION dq_cancel(queue text, key text) RETURNS boolean
@@ -10,24 +13,10 @@ DECLARE
     v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_cancel.queue);
-    PERFORM @extschema@.dq__check_name(dq_cancel.key, 'key', 200);
+    PERFORM @extschema@.dq__check_key(dq_cancel.key, 'key');
     DELETE FROM @extschema@.dq_messages AS m
     WHERE m.queue = dq_cancel.queue AND m.key = dq_cancel.key;
     RETURN FOUND;
-END
-$$;
-
--- The stored row of one message, checked arguments; backs dq_get.
-CREATE FUNCTION dq__get(p_queue text, p_key text) RETURNS SETOF dq_messages
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM @extschema@.dq__check_queue(p_queue);
-    PERFORM @extschema@.dq__check_name(p_key, 'key', 200);
-    RETURN QUERY
-    SELECT m.* FROM @extschema@.dq_messages AS m
-    WHERE m.queue = p_queue AND m.key = p_key;
 END
 $$;
 
@@ -46,13 +35,61 @@ CREATE FUNCTION dq_get(queue text, key text) RETURNS TABLE (
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_get.queue);
+    SELECT @extschema@.dq__check_key(dq_get.key, 'key');
     SELECT
         m.queue::text, m.key::text, m.payload, m.state, m.scheduled_at,
         m.due_at, m.attempts,
-        m.lock_token IS NOT NULL AND m.due_at > n.now_at,
+        @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at),
         m.created_at
-    FROM @extschema@.dq__get($1, $2) AS m
+    FROM @extschema@.dq_messages AS m
     CROSS JOIN @extschema@.dq_now() AS n (now_at)
+    WHERE m.queue = dq_get.queue AND m.key = dq_get.key;
+$$;
+
+-- Browse queue without locking or changing anything: up to max_count
+-- messages (1..1000) in one condition (which: 'due', 'delayed', 'leased';
+-- NULL: all), by due time then key; never a lock token.
+CREATE FUNCTION dq_peek(
+    queue text,
+    which text DEFAULT NULL,
+    max_count integer DEFAULT 100
+) RETURNS TABLE (
+    key text,
+    payload jsonb,
+    state jsonb,
+    scheduled_at timestamptz,
+    due_at timestamptz,
+    attempts integer,
+    leased boolean,
+    lease_until timestamptz,
+    last_error text
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_peek.queue);
+    SELECT @extschema@.dq__check_one_of(dq_peek.which, 'which', ARRAY['due', 'delayed', 'leased']);
+    SELECT @extschema@.dq__check_between(dq_peek.max_count, 'max_count', 1, 1000);
+    SELECT
+        m.key::text, m.payload, m.state, m.scheduled_at, m.due_at, m.attempts,
+        l.leased,
+        CASE WHEN l.leased THEN m.due_at END,
+        m.last_error
+    FROM @extschema@.dq_messages AS m
+    CROSS JOIN @extschema@.dq_now() AS n (now_at)
+    CROSS JOIN LATERAL (SELECT @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)) AS l (leased)
+    WHERE m.queue = dq_peek.queue
+        AND CASE dq_peek.which
+            WHEN 'due' THEN m.due_at <= n.now_at
+            WHEN 'delayed' THEN m.due_at > n.now_at AND NOT l.leased
+            WHEN 'leased' THEN l.leased
+            ELSE TRUE
+        END
+    ORDER BY m.due_at, m.key
+    LIMIT dq_peek.max_count;
 $$;
 
 -- Delete every message of queue; the count deleted.
@@ -81,58 +118,6 @@ BEGIN
 END
 $$;
 
--- Per-queue counts, checked argument; backs dq_stats.
-CREATE FUNCTION dq__stats(p_queue text) RETURNS TABLE (
-    o_queue text,
-    o_ready bigint,
-    o_delayed bigint,
-    o_leased bigint,
-    o_oldest_ready_at timestamptz,
-    o_next_due_at timestamptz
-)
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    v_now timestamptz := @extschema@.dq_now();
-BEGIN
-    IF p_queue IS NOT NULL THEN
-        PERFORM @extschema@.dq__check_queue(p_queue);
-    END IF;
-    RETURN QUERY
-    WITH counted AS (
-        SELECT
-            m.queue,
-            count(*) FILTER (WHERE m.due_at <= v_now) AS ready,
-            count(*) FILTER (
-                WHERE m.due_at > v_now AND m.lock_token IS NULL
-            ) AS delayed,
-            count(*) FILTER (
-                WHERE m.due_at > v_now AND m.lock_token IS NOT NULL
-            ) AS leased,
-            min(m.due_at) FILTER (WHERE m.due_at <= v_now) AS oldest_ready_at,
-            min(m.due_at) FILTER (
-                WHERE m.due_at > v_now AND m.lock_token IS NULL
-            ) AS next_due_at
-        FROM @extschema@.dq_messages AS m
-        WHERE p_queue IS NULL OR m.queue = p_queue
-        GROUP BY m.queue
-    )
-    SELECT
-        coalesce(c.queue, p_queue)::text,
-        coalesce(c.ready, 0),
-        coalesce(c.delayed, 0),
-        coalesce(c.leased, 0),
-        c.oldest_ready_at,
-        c.next_due_at
-    FROM counted AS c
-    -- a named queue always gets its row, zeros when empty
-    FULL JOIN (SELECT p_queue AS queue WHERE p_queue IS NOT NULL) AS named
-        ON c.queue = named.queue
-    ORDER BY 1;
-END
-$$;
-
 -- One row per queue with messages, or exactly one row for the named queue.
 CREATE FUNCTION dq_stats(queue text DEFAULT NULL) RETURNS TABLE (
     queue text,
@@ -144,7 +129,42 @@ CREATE FUNCTION dq_stats(queue text DEFAULT NULL) RETURNS TABLE (
 )
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT * FROM @extschema@.dq__stats($1) $$;
+AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_stats.queue) WHERE dq_stats.queue IS NOT NULL;
+    WITH counted AS (
+        SELECT
+            m.queue,
+            count(*) FILTER (WHERE m.due_at <= n.now_at) AS ready,
+            count(*) FILTER (
+                WHERE m.due_at > n.now_at AND m.lock_token IS NULL
+            ) AS delayed,
+            count(*) FILTER (
+                WHERE @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)
+            ) AS leased,
+            min(m.due_at) FILTER (WHERE m.due_at <= n.now_at) AS oldest_ready_at,
+            min(m.due_at) FILTER (
+                WHERE m.due_at > n.now_at AND m.lock_token IS NULL
+            ) AS next_due_at
+        FROM @extschema@.dq_messages AS m
+        CROSS JOIN @extschema@.dq_now() AS n (now_at)
+        WHERE dq_stats.queue IS NULL OR m.queue = dq_stats.queue
+        GROUP BY m.queue
+    )
+
+    SELECT
+        coalesce(c.queue, named.queue)::text,
+        coalesce(c.ready, 0),
+        coalesce(c.delayed, 0),
+        coalesce(c.leased, 0),
+        c.oldest_ready_at,
+        c.next_due_at
+    FROM counted AS c
+    -- a named queue always gets its row, zeros when empty
+    FULL JOIN (SELECT dq_stats.queue AS queue WHERE dq_stats.queue IS NOT NULL) AS named
+        ON c.queue = named.queue
+    ORDER BY 1;
+$$;
 
 -- The earliest due time in queue (leases by their end); NULL when empty.
 CREATE FUNCTION dq_next_due(queue text) RETURNS timestamptz

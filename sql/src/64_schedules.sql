@@ -38,13 +38,9 @@ DECLARE
     v_next timestamptz;
 BEGIN
     PERFORM @extschema@.dq__check_queue(queue);
-    PERFORM @extschema@.dq__check_key_part(name, 'name', 100);
+    PERFORM @extschema@.dq__check_key_prefix(name, 'name');
     PERFORM @extschema@.dq__null_check(payload IS NULL, 'payload');
-    PERFORM @extschema@.dq__null_check(max_missed IS NULL, 'max_missed');
-    IF max_missed NOT BETWEEN 1 AND 100 THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('pgdq: max_missed must be 1 to 100, got %s', max_missed);
-    END IF;
+    PERFORM @extschema@.dq__check_between(max_missed, 'max_missed', 1, 100);
     v_next := @extschema@.dq_cron_next(expression, v_now, timezone);  -- checks both
     IF v_next IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
@@ -86,7 +82,7 @@ DECLARE
     v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
 BEGIN
     PERFORM @extschema@.dq__check_queue(queue);
-    PERFORM @extschema@.dq__check_key_part(name, 'name', 100);
+    PERFORM @extschema@.dq__check_key_prefix(name, 'name');
     DELETE FROM @extschema@.dq_schedules AS s
     WHERE s.queue = dq_schedule_remove.queue AND s.name = dq_schedule_remove.name;
     IF NOT FOUND THEN
@@ -97,25 +93,8 @@ BEGIN
 END
 $$;
 
--- Checked argument, then the schedules (of p_queue when not NULL), by queue
--- and name. Does not read the clock.
-CREATE FUNCTION dq__schedules(p_queue text) RETURNS SETOF dq_schedules
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF p_queue IS NOT NULL THEN
-        PERFORM @extschema@.dq__check_queue(p_queue);
-    END IF;
-    RETURN QUERY
-    SELECT s.* FROM @extschema@.dq_schedules AS s
-    WHERE p_queue IS NULL OR s.queue = p_queue
-    ORDER BY s.queue, s.name;
-END
-$$;
-
 -- The schedules (of queue, when given) with their next occurrence (while
--- failing: the next attempt) and their last error.
+-- failing: the next attempt) and their last error. Does not read the clock.
 CREATE FUNCTION dq_schedules(queue text DEFAULT NULL) RETURNS TABLE (
     queue text,
     name text,
@@ -131,9 +110,13 @@ CREATE FUNCTION dq_schedules(queue text DEFAULT NULL) RETURNS TABLE (
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
+    -- the check is a statement of its own: it runs, row or no row
+    SELECT @extschema@.dq__check_queue(dq_schedules.queue) WHERE dq_schedules.queue IS NOT NULL;
     SELECT s.queue::text, s.name::text, s.expression, s.timezone, s.payload, s.max_missed, s.next_at,
         s.last_error, s.last_error_at, s.failures
-    FROM @extschema@.dq__schedules($1) AS s
+    FROM @extschema@.dq_schedules AS s
+    WHERE dq_schedules.queue IS NULL OR s.queue = dq_schedules.queue
+    ORDER BY s.queue, s.name;
 $$;
 
 -- The occurrences of a schedule from next_at to until, oldest first: the
@@ -211,10 +194,11 @@ $$;
 -- 50 ms (the rest wait for the next poll), nor after a statement timeout.
 -- Schedules another poll is materialising are skipped (it does them), and
 -- occurrence keys make a repeat harmless.
-CREATE FUNCTION dq__materialise(p_queue text, p_now timestamptz) RETURNS void
+CREATE FUNCTION dq__materialise(queue text, now_at timestamptz) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+#variable_conflict use_column
 DECLARE
     v_started timestamptz := clock_timestamp();
     v_schedule record;
@@ -226,7 +210,7 @@ DECLARE
 BEGIN
     FOR v_schedule IN
         SELECT s.* FROM @extschema@.dq_schedules AS s
-        WHERE s.queue = p_queue AND s.next_at <= p_now
+        WHERE s.queue = dq__materialise.queue AND s.next_at <= dq__materialise.now_at
         ORDER BY s.name
         FOR UPDATE SKIP LOCKED
     LOOP
@@ -234,14 +218,14 @@ BEGIN
         v_state := NULL;
         BEGIN
             -- first, as it names an `after` out of range
-            v_next := coalesce(@extschema@.dq_cron_next(v_schedule.expression, p_now, v_schedule.timezone), 'infinity');
+            v_next := coalesce(@extschema@.dq_cron_next(v_schedule.expression, dq__materialise.now_at, v_schedule.timezone), 'infinity');
             v_due := @extschema@.dq__due_occurrences(
                 v_schedule.expression, v_schedule.timezone, coalesce(v_schedule.missed_from, v_schedule.next_at),
-                p_now, v_schedule.max_missed
+                dq__materialise.now_at, v_schedule.max_missed
             );
             INSERT INTO @extschema@.dq_messages (queue, key, payload, scheduled_at, due_at, created_at)
-            SELECT p_queue, @extschema@.dq__occurrence_key(v_schedule.name, v_schedule.config_hash, d.at),
-                v_schedule.payload, d.at, d.at, p_now
+            SELECT dq__materialise.queue, @extschema@.dq__occurrence_key(v_schedule.name, v_schedule.config_hash, d.at),
+                v_schedule.payload, d.at, d.at, dq__materialise.now_at
             FROM unnest(v_due) AS d (at)
             ORDER BY 2
             ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO NOTHING;
@@ -251,7 +235,7 @@ BEGIN
                 failures = 0,
                 last_error = NULL,
                 last_error_at = NULL
-            WHERE s.queue = p_queue AND s.name = v_schedule.name;
+            WHERE s.queue = dq__materialise.queue AND s.name = v_schedule.name;
         EXCEPTION
             WHEN query_canceled THEN
                 -- a statement timeout is this schedule's error; a cancel
@@ -269,15 +253,15 @@ BEGIN
             UPDATE @extschema@.dq_schedules AS s
             SET missed_from = coalesce(s.missed_from, s.next_at),
                 next_at = CASE
-                    WHEN p_now < '294276-01-01 00:00:00+00' THEN p_now + least(
+                    WHEN dq__materialise.now_at < '294276-01-01 00:00:00+00' THEN dq__materialise.now_at + least(
                         interval '1 hour', interval '1 minute' * power(2, least(s.failures, 6))
                     )
                     ELSE 'infinity'  -- the end of the timestamp range
                 END,
                 failures = s.failures + 1,
                 last_error = format('%s (SQLSTATE %s)', left(v_message, 1000), v_state),
-                last_error_at = p_now
-            WHERE s.queue = p_queue AND s.name = v_schedule.name;
+                last_error_at = dq__materialise.now_at
+            WHERE s.queue = dq__materialise.queue AND s.name = v_schedule.name;
         END IF;
         EXIT WHEN v_timed_out;
     END LOOP;

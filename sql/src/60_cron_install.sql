@@ -31,17 +31,32 @@ AS $$
         )
 $$;
 
+-- Raise 22004/22023 unless key_prefix (a cron key prefix, or a schedule's
+-- name: arg_name) is 1..100 characters without '/'.
+CREATE FUNCTION dq__check_key_prefix(key_prefix text, arg_name text) RETURNS void
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT @extschema@.dq__check_key_part(key_prefix, arg_name, 100) $$;
+
+-- Raise 22004/22023 unless config_hash is 1..64 characters without '/'.
+CREATE FUNCTION dq__check_config_hash(config_hash text) RETURNS void
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT @extschema@.dq__check_key_part(config_hash, 'config_hash', 64) $$;
+
 -- Delete the not-leased occurrences under key_prefix/ whose keys are in
--- [p_from, p_below) (NULL: unbounded), all of them or only those whose config
--- hash is (keep = false) or is not (keep = true) the given one; the count
--- deleted. Rows are locked in key order, like every multi-row writer.
+-- [from_key, below_key) (NULL: unbounded), all of them or only those whose
+-- config hash is (keep_hash = false) or is not (keep_hash = true)
+-- config_hash; the count deleted. Rows are locked in key order, like every
+-- multi-row writer.
 CREATE FUNCTION dq__cron_delete(
-    p_queue text, p_prefix text, p_hash text, p_keep_hash boolean,
-    p_from text DEFAULT NULL, p_below text DEFAULT NULL
+    queue text, key_prefix text, config_hash text, keep_hash boolean,
+    from_key text DEFAULT NULL, below_key text DEFAULT NULL
 ) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+#variable_conflict use_column
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
     v_deleted integer;
@@ -52,14 +67,16 @@ BEGIN
     WITH doomed AS (
         SELECT m.id
         FROM @extschema@.dq_messages AS m
-        WHERE m.queue = p_queue
-            AND m.key >= greatest(p_prefix || '/', p_from)
-            AND m.key < least(p_prefix || '0', p_below)
-            AND NOT (m.lock_token IS NOT NULL AND m.due_at > v_now)
+        WHERE m.queue = dq__cron_delete.queue
+            AND m.key >= greatest(dq__cron_delete.key_prefix || '/', dq__cron_delete.from_key)
+            AND m.key < least(dq__cron_delete.key_prefix || '0', dq__cron_delete.below_key)
+            AND NOT @extschema@.dq__is_leased(m.lock_token, m.due_at, v_now)
             AND (
-                p_hash IS NULL
-                OR (split_part(substr(m.key, length(p_prefix) + 2), '/', 1) = p_hash)
-                <> p_keep_hash
+                dq__cron_delete.config_hash IS NULL
+                OR (
+                    split_part(substr(m.key, length(dq__cron_delete.key_prefix) + 2), '/', 1)
+                    = dq__cron_delete.config_hash
+                ) <> dq__cron_delete.keep_hash
             )
         ORDER BY m.key
         FOR UPDATE
@@ -97,8 +114,8 @@ DECLARE
     v_range_end text;
 BEGIN
     PERFORM @extschema@.dq__check_queue(queue);
-    PERFORM @extschema@.dq__check_key_part(key_prefix, 'key_prefix', 100);
-    PERFORM @extschema@.dq__check_key_part(config_hash, 'config_hash', 64);
+    PERFORM @extschema@.dq__check_key_prefix(key_prefix, 'key_prefix');
+    PERFORM @extschema@.dq__check_config_hash(config_hash);
     PERFORM @extschema@.dq__null_check(scheduled_ats IS NULL, 'scheduled_ats');
     PERFORM @extschema@.dq__null_check(payloads IS NULL, 'payloads');
     PERFORM @extschema@.dq__null_check(can_update IS NULL, 'can_update');
@@ -156,9 +173,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     PERFORM @extschema@.dq__check_queue(queue);
-    PERFORM @extschema@.dq__check_key_part(key_prefix, 'key_prefix', 100);
+    PERFORM @extschema@.dq__check_key_prefix(key_prefix, 'key_prefix');
     IF config_hash IS NOT NULL THEN
-        PERFORM @extschema@.dq__check_key_part(config_hash, 'config_hash', 64);
+        PERFORM @extschema@.dq__check_config_hash(config_hash);
     END IF;
     RETURN @extschema@.dq__cron_delete(queue, key_prefix, config_hash, false);
 END

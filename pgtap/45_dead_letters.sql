@@ -2,7 +2,7 @@
 -- dq_dead_letter, max_attempts enforced by polls, dq_dead_list,
 -- dq_dead_redrive, dq_dead_purge.
 BEGIN;
-SELECT plan(33);
+SELECT plan(38);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 -- dq_dead_letter: the consumer gives up
@@ -100,6 +100,37 @@ SELECT is(
         'nacked: pgdq: gave up after 1 deliveries (max_attempts 1): the last delivery was nacked'
     ],
     'one bury, each dead letter with how its last delivery ended'
+);
+
+-- a bury tells the last nack's error (1.1)
+SELECT dq_configure('t_max_err', 1);
+SELECT dq_offer('t_max_err', 'expired', '1');
+SELECT dq_offer('t_max_err', 'nacked', '2');
+SELECT dq_nack(d.lock_token, NULL, NULL, 'ValueError: bad row 7')
+FROM dq_poll_many('t_max_err', 10, '1 minute') AS d;
+SELECT dq_configure('t_max_err', 2);
+SELECT is((SELECT count(*)::int FROM dq_poll_many('t_max_err', 1, '1 minute')), 1, 'expired leased again');
+SELECT dq_configure('t_max_err', 1);
+SELECT set_config('dq.now', (dq_now() + interval '2 minutes')::text, TRUE);
+SELECT is((SELECT count(*)::int FROM dq_poll_many('t_max_err', 10, '1 minute')), 0, 'both buried');
+SELECT results_eq(
+    $$SELECT key, error FROM dq_dead_list('t_max_err') ORDER BY key$$,
+    $$VALUES
+        ('expired'::text, 'pgdq: gave up after 1 deliveries (max_attempts 1): the last lease expired without an ack or nack; '
+            || 'an earlier delivery was nacked: ValueError: bad row 7'),
+        ('nacked', 'pgdq: gave up after 1 deliveries (max_attempts 1): the last delivery was nacked: ValueError: bad row 7')$$,
+    'the dead letter gives the last nack''s error, and says when a later lease expired'
+);
+SELECT dq_offer('t_max_err', 'verdict', '3');
+SELECT dq_configure('t_max_err', NULL);
+SELECT dq_nack(lock_token, NULL, NULL, 'first try') FROM dq_poll('t_max_err', '1 minute');
+SELECT is(dq_dead_letter(lock_token), TRUE, 'dq_dead_letter without an error') FROM dq_poll('t_max_err', '1 minute');
+SELECT is(
+    (
+        SELECT error FROM dq_dead_list('t_max_err')
+        WHERE key = 'verdict'
+    ), NULL,
+    'keeps the consumer''s verdict as given, not an earlier nack''s error'
 );
 
 SELECT * FROM finish();

@@ -1,7 +1,7 @@
 -- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
 -- defaults, security settings, the dq_delivery type, dq_now and dq_version.
 BEGIN;
-SELECT plan(80);
+SELECT plan(88);
 
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
@@ -54,7 +54,7 @@ INSERT INTO expected VALUES
 ),
 (
     'dq_nack',
-    'lock_token uuid, retry_at timestamp with time zone DEFAULT NULL::timestamp with time zone, state jsonb DEFAULT NULL::jsonb',
+    'lock_token uuid, retry_at timestamp with time zone DEFAULT NULL::timestamp with time zone, state jsonb DEFAULT NULL::jsonb, error text DEFAULT NULL::text',  -- noqa: LT05
     'boolean'
 ),
 ('dq_extend', 'lock_token uuid, lease interval', 'timestamp with time zone'),
@@ -93,6 +93,23 @@ INSERT INTO expected VALUES
     'integer'
 ),
 ('dq_dead_purge', 'queue text, key text DEFAULT NULL::text', 'bigint'),
+-- browsing and snapshot reads (1.1)
+(
+    'dq_peek',
+    'queue text, which text DEFAULT NULL::text, max_count integer DEFAULT 100',
+    'TABLE(key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, due_at timestamp with time zone, attempts integer, leased boolean, lease_until timestamp with time zone, last_error text)'  -- noqa: LT05
+),
+(
+    'dq_read_messages',
+    'queue text, from_id bigint, to_id bigint',
+    'TABLE(id bigint, queue text, key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, due_at timestamp with time zone, created_at timestamp with time zone, attempts integer, leased boolean)'  -- noqa: LT05
+),
+(
+    'dq_read_dead_letters',
+    'queue text, from_id bigint, to_id bigint',
+    'TABLE(id bigint, queue text, key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, created_at timestamp with time zone, attempts integer, error text, failed_at timestamp with time zone)'  -- noqa: LT05
+),
+('dq_read_bounds', 'source text, queue text', 'TABLE(low bigint, high bigint)'),
 -- and schedules kept by the database
 ('dq_cron_next', 'expression text, after timestamp with time zone, timezone text', 'timestamp with time zone'),
 (

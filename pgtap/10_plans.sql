@@ -3,7 +3,7 @@
 -- queue, and keep their index plans after thousands of calls (plpgsql may
 -- switch to generic plans after five).
 BEGIN;
-SELECT plan(15);
+SELECT plan(24);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 INSERT INTO dq_messages (queue, key, payload, scheduled_at, due_at, created_at)
@@ -115,8 +115,69 @@ FROM (
     ('dq__valid_lease', 'dq__valid_lease(a.l, a.n)'),
     ('dq__token', 'dq__token(a.i)'),
     ('dq__token_id', 'dq__token_id(a.u)'),
-    ('dq__same_offer', 'dq__same_offer(a.j, a.n, a.j, a.n)')
+    ('dq__same_offer', 'dq__same_offer(a.j, a.n, a.j, a.n)'),
+    ('dq__valid_queue', 'dq__valid_queue(a.t)'),
+    ('dq__valid_key', 'dq__valid_key(a.t)'),
+    ('dq__is_leased', 'dq__is_leased(a.u, a.n, a.n)')
 ) AS h (helper, expr);
+
+-- snapshot reads and browsing at depth: each reads no more than the same
+-- query on the index would (the bounds of every queue: the two ends of an
+-- index on id), and a peek a handful of pages
+INSERT INTO dq_dead_letters (queue, key, id, payload, scheduled_at, created_at, attempts, failed_at)
+SELECT
+    't_deep_dead' AS queue,
+    'k' || g.i AS key,
+    g.i AS id,
+    '{}' AS payload,
+    '2024-01-01' AS scheduled_at,
+    '2024-01-01' AS created_at,
+    1 AS attempts,
+    '2024-01-01' AS failed_at
+FROM generate_series(1, 50000) AS g (i);
+ANALYZE dq_dead_letters;
+CREATE TEMP TABLE some_ids AS
+SELECT
+    min(m.id) + 1000 AS from_id,
+    min(m.id) + 1100 AS to_id
+FROM dq_messages AS m;
+SELECT  -- warm up: the first call plans each statement, reading the catalogs
+    pg_temp.blocks($$SELECT * FROM dq_read_bounds('messages', NULL)$$)
+    + pg_temp.blocks($$SELECT * FROM dq_read_bounds('dead_letters', NULL)$$)
+    + pg_temp.blocks($$SELECT * FROM dq_read_dead_letters(NULL, 1000, 1100)$$)
+    + pg_temp.blocks($$SELECT * FROM dq_read_messages(NULL, 1, 2)$$)
+    + pg_temp.blocks($$SELECT * FROM dq_peek('t_deep', NULL, 100)$$) AS warm_up;
+SELECT cmp_ok(
+    pg_temp.blocks($$SELECT * FROM dq_read_bounds('messages', NULL)$$), '<=',
+    pg_temp.blocks($$SELECT min(m.id), max(m.id) FROM dq_messages AS m$$) + 2,
+    'dq_read_bounds of every queue''s 200,000 messages reads the two ends of the primary key'
+);
+SELECT cmp_ok(
+    pg_temp.blocks($$SELECT * FROM dq_read_bounds('dead_letters', NULL)$$), '<=',
+    pg_temp.blocks($$SELECT min(d.id), max(d.id) FROM dq_dead_letters AS d$$) + 2,
+    'and of 50,000 dead letters, of dq_dead_letters_id'
+);
+SELECT cmp_ok(
+    pg_temp.blocks($$SELECT min(d.id), max(d.id) FROM dq_dead_letters AS d$$), '<=', 12,
+    'which is a handful of pages'
+);
+SELECT
+    cmp_ok(
+        pg_temp.blocks(format('SELECT * FROM dq_read_messages(NULL, %s, %s)', s.from_id, s.to_id)), '<=',
+        pg_temp.blocks(format('SELECT * FROM dq_messages AS m WHERE m.id >= %s AND m.id < %s ORDER BY m.id', s.from_id, s.to_id))
+        + 5,
+        'dq_read_messages of 100 ids reads them by the primary key'
+    )
+FROM some_ids AS s;
+SELECT cmp_ok(
+    pg_temp.blocks($$SELECT * FROM dq_read_dead_letters(NULL, 1000, 1100)$$), '<=',
+    pg_temp.blocks($$SELECT * FROM dq_dead_letters AS d WHERE d.id >= 1000 AND d.id < 1100 ORDER BY d.id$$) + 5,
+    'dq_read_dead_letters of 100 ids, by dq_dead_letters_id'
+);
+SELECT cmp_ok(
+    pg_temp.blocks($$SELECT * FROM dq_peek('t_deep', NULL, 100)$$), '<=', 12,
+    'dq_peek of 100 of 100,000 messages reads a handful of pages'
+);
 
 SELECT * FROM finish();
 ROLLBACK;

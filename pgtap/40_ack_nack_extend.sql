@@ -1,7 +1,7 @@
 -- dq_ack, dq_ack_many, dq_nack, dq_extend: current vs stale tokens, NULLs,
 -- retry times, checkpoints, heartbeats; dq_ack_poll.
 BEGIN;
-SELECT plan(48);
+SELECT plan(62);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 SELECT dq_offer_many('t_ack', ARRAY['a', 'b', 'c', 'd', 'e'], ARRAY['1', '2', '3', '4', '5']::jsonb[]);
@@ -160,6 +160,44 @@ SELECT throws_ok(
     format('SELECT dq_extend(%L, %L)', (SELECT lock_token FROM d2), '1 mon -31 days'), '22023',
     NULL, 'extend with a lease that ends before now on this date'
 );
+
+-- dq_nack's error (1.1): kept as the message's last_error, the last 4,000
+-- characters; a nack without one clears it; an offer that resets attempts
+-- clears it; leases, extends and a stale nack keep it
+SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
+SELECT dq_offer('t_err', 'e', '1');
+CREATE TEMP TABLE e1 AS SELECT lock_token FROM dq_poll('t_err', '1 minute');
+SELECT is(dq_nack((SELECT lock_token FROM e1), NULL, NULL, 'boom'), TRUE, 'a nack with an error');
+SELECT is((SELECT last_error FROM dq_peek('t_err')), 'boom', 'the message keeps the error');
+SELECT is(
+    dq_nack((SELECT lock_token FROM e1), NULL, NULL, 'stale'), FALSE, 'a stale nack with an error: false'
+);
+SELECT is((SELECT last_error FROM dq_peek('t_err')), 'boom', 'and changes nothing');
+CREATE TEMP TABLE e2 AS SELECT lock_token FROM dq_poll('t_err', '1 minute');
+SELECT isnt(dq_extend((SELECT lock_token FROM e2), '2 minutes'), NULL, 'leased again and extended');
+SELECT is((SELECT last_error FROM dq_peek('t_err')), 'boom', 'a lease and an extend keep last_error');
+SELECT is(
+    dq_nack(lock_token => (SELECT lock_token FROM e2), error => repeat('x', 4000) || 'tail'), TRUE,
+    'a nack with an error of 4,004 characters (error by name)'
+);
+SELECT is(
+    (SELECT last_error FROM dq_peek('t_err')), repeat('x', 3996) || 'tail',
+    'only its last 4,000 characters are kept (a traceback ends with the exception)'
+);
+SELECT is(dq_nack((SELECT lock_token FROM dq_poll('t_err', '1 minute'))), TRUE, 'a nack without an error');
+SELECT is((SELECT last_error FROM dq_peek('t_err')), NULL, 'clears last_error: it is the last nack''s error');
+SELECT dq_nack((SELECT lock_token FROM dq_poll('t_err', '1 minute')), NULL, NULL, 'again');
+SELECT is(dq_offer('t_err', 'e', '2'), 'updated', 'an offer updates the message');
+SELECT results_eq(
+    $$SELECT attempts, last_error FROM dq_peek('t_err')$$, $$VALUES (0, NULL::text)$$,
+    'an update resets attempts and clears last_error'
+);
+SELECT dq_nack((SELECT lock_token FROM dq_poll('t_err', '1 minute')), NULL, NULL, 'batch');
+SELECT is(
+    (SELECT outcome FROM dq_offer_many('t_err', ARRAY['e'], ARRAY['3']::jsonb[])), 'updated',
+    'a batch offer updates it'
+);
+SELECT is((SELECT last_error FROM dq_peek('t_err')), NULL, 'and clears last_error too');
 
 SELECT * FROM finish();
 ROLLBACK;
