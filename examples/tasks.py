@@ -17,8 +17,10 @@ log = logging.getLogger("tasks")
 
 
 def log_delivery(delivery: AsyncDelivery) -> None:
-    """Log the delivery and return: returning acks it, raising would retry it.
+    """Log the delivery and return: returning acks it, raising would retry it
+    (the worker logs each retry at INFO and each dead letter as a WARNING,
+    on the logger "pgdq.worker.delivery").
 
-    A plain function runs in the worker's thread pool; an `async def` handler
-    would run on its event loop instead."""
+    A plain function runs in a thread of its own; an `async def` handler
+    would run on the worker's event loop instead."""
     log.info("queue=%s key=%s attempt=%d payload=%r", delivery.queue, delivery.key, delivery.attempts, delivery.payload)

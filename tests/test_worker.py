@@ -24,7 +24,7 @@ import psycopg
 import pytest
 from conftest import ROOT
 from pgdq import AsyncDelivery, Queue
-from pgdq.worker import Backoff, Retry, Route, Worker, handler, lease_lost
+from pgdq.worker import Backoff, Retry, Route, Worker, handler, lease_lost, without_password
 
 NOW = datetime(2020, 1, 1, tzinfo=UTC)  # offered in the past: due at once
 
@@ -52,6 +52,13 @@ def wait_for(condition: Callable[[], Any], what: str, timeout: float = 20.0) -> 
             return value
         time.sleep(0.05)
     pytest.fail(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def worker_log(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """caplog with the worker's lines from INFO up."""
+    caplog.set_level(logging.INFO, logger="pgdq.worker")
+    return caplog
 
 
 def test_sync_and_async_handlers(database: str, queue_name: str) -> None:
@@ -90,7 +97,9 @@ def test_delayed_message_is_handled_on_time(database: str, queue_name: str) -> N
     assert 0 <= late[0] < 0.5, "woken at its due time, not by a fixed poll interval"
 
 
-def test_failures_back_off_then_dead_letter(database: str, queue_name: str) -> None:
+def test_failures_back_off_then_dead_letter(
+    database: str, queue_name: str, worker_log: pytest.LogCaptureFixture
+) -> None:
     tries: list[tuple[int, float]] = []
 
     def failing(d: AsyncDelivery) -> None:
@@ -103,6 +112,11 @@ def test_failures_back_off_then_dead_letter(database: str, queue_name: str) -> N
         q.offer("f", {"x": 1})
         dead = wait_for(q.dead_letters, "the dead letter")
     assert [a for a, _ in tries] == [1, 2, 3]
+    lines = [(r.levelname, r.getMessage()) for r in worker_log.records if f"{queue_name}/f" in r.getMessage()]
+    assert [level for level, _ in lines] == ["INFO", "INFO", "WARNING"], "a line per retry, one per dead letter"
+    assert f"{queue_name}/f failed (attempt 1 of 3): ValueError: nope 1; next try at 20" in lines[0][1]
+    assert f"{queue_name}/f failed (attempt 2 of 3): ValueError: nope 2; next try at 20" in lines[1][1]
+    assert f"{queue_name}/f dead-lettered (attempt 3 of 3): ValueError: nope 3" in lines[2][1]
     gaps = [later - earlier for (_, earlier), (_, later) in zip(tries, tries[1:], strict=False)]
     assert 0.3 <= gaps[0] < 0.9 and 0.6 <= gaps[1] < 1.5, f"exponential backoff, got {gaps}"
     assert dead[0].key == "f" and dead[0].attempts == 3 and dead[0].payload == {"x": 1}
@@ -110,6 +124,28 @@ def test_failures_back_off_then_dead_letter(database: str, queue_name: str) -> N
     with Queue(queue_name, database) as q:
         assert q.stats().ready + q.stats().delayed == 0, "no longer in the queue"
         assert q.redrive() == 1 and q.get("f") is not None and q.dead_letters() == []
+
+
+def test_a_retried_error_is_kept_for_a_burying_poll(database: str, queue_name: str) -> None:
+    """The worker nacks a failed delivery with its error; a poll that later
+    dead-letters the message (max_attempts lowered meanwhile) reports it."""
+
+    def failing(d: AsyncDelivery) -> None:
+        raise ValueError("the printer is on fire")
+
+    backoff = Backoff(base=timedelta(seconds=0.3), jitter=0)
+    with Queue(queue_name, database) as q:
+        with running(Worker(queue_name, failing, dsn=database, max_attempts=5, backoff=backoff)):
+            q.offer("e", 1)
+            wait_for(lambda: (info := q.get("e")) is not None and info.attempts == 1 and not info.leased, "the nack")
+        [kept] = q.peek()
+        q.configure(max_attempts=1)
+        wait_for(lambda: q.poll() is None and q.dead_letters(), "the poll to bury it")
+        dead = q.dead_letters()
+        q.purge_dead_letters()
+    assert "ValueError: the printer is on fire" in (kept.last_error or ""), "kept by the nack"
+    assert dead[0].key == "e" and dead[0].attempts == 1
+    assert "ValueError: the printer is on fire" in (dead[0].error or ""), dead[0].error
 
 
 def test_route_and_handler_overrides(database: str, queue_name: str) -> None:
@@ -244,9 +280,8 @@ def test_an_undecodable_payload_is_dead_lettered_alone(database: str, queue_name
 
 
 def test_a_failing_queue_is_paused_not_the_worker(
-    database: str, queue_name: str, caplog: pytest.LogCaptureFixture
+    database: str, queue_name: str, worker_log: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="pgdq.worker")
     handled: list[str] = []
     broken = queue_name + "_broken"  # its lease ends beyond the timestamp range: every poll is 22023
     routes = {
@@ -255,7 +290,7 @@ def test_a_failing_queue_is_paused_not_the_worker(
     }
 
     def failures() -> list[logging.LogRecord]:
-        return [r for r in caplog.records if f"poll of queue {broken} failed" in r.getMessage()]
+        return [r for r in worker_log.records if f"poll of queue {broken} failed" in r.getMessage()]
 
     with Queue(queue_name, database) as q, running(Worker(routes, dsn=database)):
         time.sleep(0.3)  # the broken queue failed its first polls
@@ -289,9 +324,8 @@ def test_a_hung_async_handler_times_out(database: str, queue_name: str) -> None:
 
 
 def test_a_hung_sync_handler_is_abandoned_and_frees_its_slot(
-    database: str, queue_name: str, caplog: pytest.LogCaptureFixture
+    database: str, queue_name: str, worker_log: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="pgdq.worker")
     events: list[str] = []
 
     @handler(timeout=timedelta(seconds=0.3), max_attempts=1)
@@ -311,7 +345,79 @@ def test_a_hung_sync_handler_is_abandoned_and_frees_its_slot(
         q.purge_dead_letters()
     assert events == ["next handled", "stuck returned, lease_lost=True"]
     assert [d.key for d in dead] == ["stuck"] and "HandlerTimeout" in (dead[0].error or "")
-    assert any(f"{queue_name}/stuck ran past its timeout" in r.getMessage() for r in caplog.records)
+    assert any(f"{queue_name}/stuck ran past its timeout" in r.getMessage() for r in worker_log.records)
+
+
+def test_start_and_stop_lines_name_the_settings_not_the_password(
+    database: str, queue_name: str, worker_log: pytest.LogCaptureFixture
+) -> None:
+    secret = "s3cret-pw"  # the test cluster trusts local connections: the password is not checked
+    dsn = psycopg.conninfo.make_conninfo(database, password=secret)
+    routes = {queue_name: Route(print, lease=timedelta(seconds=5), max_attempts=3, timeout=timedelta(seconds=2))}
+    with running(Worker(routes, dsn=dsn, concurrency=3, schema="public")):
+        pass
+    messages = [r.getMessage() for r in worker_log.records if r.name == "pgdq.worker"]
+    assert not any(secret in m for m in messages)
+    start = next(m for m in messages if m.startswith("pgdq worker starting"))
+    assert f"queues {queue_name} (lease 5 s, max_attempts 3, timeout 2 s); concurrency 3; schema public" in start
+    assert f"dbname={psycopg.conninfo.conninfo_to_dict(database)['dbname']}" in start
+    assert any(m.startswith("pgdq worker stopped cleanly after") and "0 handled, 0 failed" in m for m in messages)
+    url = without_password("postgresql://app:s3cret@db.example:5433/app?sslpassword=s3cret2&application_name=w")
+    assert "s3cret" not in url and "host=db.example" in url and "user=app" in url and "port=5433" in url
+
+
+def test_a_waiting_worker_says_so_at_most_once_an_interval(
+    database: str, queue_name: str, worker_log: pytest.LogCaptureFixture
+) -> None:
+
+    def fails_on_b(d: AsyncDelivery) -> None:
+        if d.key == "b":
+            raise RuntimeError("b")
+
+    worker = Worker(queue_name, fails_on_b, dsn=database, max_attempts=1)
+    worker.report_every = timedelta(seconds=0.4)
+
+    def waiting() -> list[str]:
+        return [r.getMessage() for r in worker_log.records if r.getMessage().startswith("waiting for work")]
+
+    def counted(what: str) -> int:
+        return sum(int(m.split(f" {what}")[0].split()[-1]) for m in waiting())
+
+    later = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=5)
+    with Queue(queue_name, database) as q, running(worker):
+        wait_for(waiting, "the first waiting line")
+        assert "0 of 8 handlers running, nothing due; since the last report 0 handled, 0 failed" in waiting()[0]
+        q.offer_many([("a", 1), ("b", 1), ("c", 1, later)])
+        wait_for(lambda: any(f"next due at {later.isoformat()}" in m for m in waiting()), "the next due time")
+        q.purge()
+        q.purge_dead_letters()
+    assert counted("handled") == 1 and counted("failed") == 1, waiting()
+    times = [r.created for r in worker_log.records if r.getMessage().startswith("waiting for work")]
+    assert all(b - a >= 0.39 for a, b in zip(times, times[1:], strict=False)), f"one line an interval: {times}"
+    about_a = [r for r in worker_log.records if f"{queue_name}/a " in r.getMessage() and r.levelno >= logging.INFO]
+    assert about_a == [], "no INFO line for a message handled"
+
+
+def test_a_lost_wake_up_connection_is_opened_again(
+    database: str, queue_name: str, conn: psycopg.Connection[Any], worker_log: pytest.LogCaptureFixture
+) -> None:
+    handled: list[str] = []
+    listening = "SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN dq_wakeup' AND datname = current_database()"
+
+    def listener() -> int | None:
+        row = conn.execute(listening).fetchone()
+        return None if row is None else int(row[0])
+
+    worker = Worker(queue_name, lambda d: handled.append(d.key), dsn=database, idle_cap=timedelta(seconds=60))
+    with Queue(queue_name, database) as q, running(worker):
+        first = wait_for(listener, "the LISTEN connection")
+        conn.execute("SELECT pg_terminate_backend(%s)", (first,))
+        wait_for(lambda: listener() not in (None, first), "a LISTEN on a new connection")
+        time.sleep(0.3)  # idle again: with idle_cap 60 s, only a wake-up brings it back soon
+        q.offer("k", 1)
+        wait_for(lambda: handled == ["k"], "the wake-up", timeout=5)
+    lost = [r for r in worker_log.records if r.getMessage().startswith("LISTEN dq_wakeup failed")]
+    assert lost and lost[0].levelno == logging.WARNING and "trying again in 0.1 s" in lost[0].getMessage()
 
 
 # --- the command, in processes of its own -----------------------------------

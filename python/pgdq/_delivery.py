@@ -1,0 +1,199 @@
+"""Running one delivery: its handler under a heartbeat and a timeout, then ack, retry with backoff or dead letter."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import threading
+import traceback
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Literal, TypeVar
+
+from ._async_queue import AsyncDelivery, AsyncQueue
+from ._reconnect import DATABASE_ERRORS, RetryDelays, describe, retrying
+from .retry import HandlerTimeout, Policy, Retry
+
+log = logging.getLogger("pgdq.worker.delivery")
+
+T = TypeVar("T")
+# what became of a delivery: acked; retried at the handler's request; failed
+# (retried with backoff or dead-lettered); its outcome no longer ours to write
+Outcome = Literal["handled", "retried", "failed", "lost"]
+Settle = Callable[[], Awaitable[bool]]
+
+
+@dataclass
+class Running:
+    """One delivery being handled, under its queue's policy."""
+
+    queue: AsyncQueue
+    delivery: AsyncDelivery
+    policy: Policy
+    lost: threading.Event = field(default_factory=threading.Event)  # lease_lost(): lease lost or timed out
+    ours: bool = True  # the outcome is ours to write: not once the lease was lost or handed back
+    task: asyncio.Task[Any] | None = None  # the async handler's task
+
+    def give_up(self) -> None:
+        """The outcome is no longer ours: lease_lost() turns true, an async handler is cancelled."""
+        self.ours = False
+        self.lost.set()
+        if self.task is not None:
+            self.task.cancel()
+
+
+_current: contextvars.ContextVar[Running] = contextvars.ContextVar("pgdq_current")
+
+
+def lease_lost() -> bool:
+    """Inside a handler: True once its lease was lost (another consumer may
+    have the message now) or it ran past its timeout. Sync handlers should
+    check it and stop; async handlers are cancelled instead."""
+    running = _current.get(None)
+    return running is not None and running.lost.is_set()
+
+
+async def deliver(run: Running) -> Outcome:
+    """Run the handler under a heartbeat, then ack, retry or dead-letter; an
+    undecodable payload goes to the dead letters without a handler."""
+    d = run.delivery
+    if d.decode_error is not None:
+        bury = _bury(run, d.decode_error, f"its payload cannot be decoded: {describe(d.decode_error)}")
+        return await _settle(run, bury, "failed")
+    heartbeat = asyncio.create_task(_heartbeat(run))
+    _current.set(run)
+    settle: Settle
+    outcome: Outcome
+    try:
+        await _call(run)
+        log.debug("%s/%s handled (attempt %d)", d.queue, d.key, d.attempts)
+        settle, outcome = partial(run.queue.ack, d.lock_token), "handled"
+    except asyncio.CancelledError:
+        if run.ours:
+            raise
+        return "lost"
+    except Retry as retry:
+        settle, outcome = _retry(run, retry), "retried"
+    except Exception as error:  # HandlerTimeout included
+        settle, outcome = _fail(run, error), "failed"
+    finally:
+        heartbeat.cancel()
+    return await _settle(run, settle, outcome)
+
+
+async def _call(run: Running) -> None:
+    """Call the handler: an async one as a task of its own (so a lost lease
+    can cancel it), a plain one in a thread of its own (so one abandoned
+    keeps no slot); HandlerTimeout past the policy's timeout."""
+    fn = run.policy.handler
+    if inspect.iscoroutinefunction(fn):
+        run.task = asyncio.create_task(fn(run.delivery))
+        work: asyncio.Future[Any] = run.task
+    else:
+        work = asyncio.wrap_future(_in_thread(contextvars.copy_context().run, fn, run.delivery))
+    limit = None if run.policy.timeout is None else run.policy.timeout.total_seconds()
+    done, _ = await asyncio.wait({work}, timeout=limit)
+    if not done:
+        raise _time_out(run, work, limit)
+    work.result()
+
+
+async def _settle(run: Running, settle: Settle, outcome: Outcome) -> Outcome:
+    """Write the outcome (ack / nack / dead letter), retried while the server
+    is unreachable; "lost" when the lease was lost or the delivery handed back."""
+    key = f"{run.delivery.queue}/{run.delivery.key}"
+    if not run.ours:
+        log.warning("%s finished after its lease was lost; left alone", key)
+        return "lost"
+    if not await retrying(f"settling {key}", settle, log=log):
+        log.warning("%s was no longer ours when it finished", key)
+        return "lost"
+    return outcome
+
+
+def _retry(run: Running, retry: Retry) -> Settle:
+    """The handler raised Retry: nack it for retry.at (else the backoff's time)
+    with its state, or dead-letter it once max_attempts are used up."""
+    d = run.delivery
+    at = run.policy.next_try(d.attempts, retry.at)
+    if at is None:
+        return _bury(run, f"Retry requested after {d.attempts} attempts", "Retry requested")
+    log.debug("%s/%s: retry requested; next try at %s", d.queue, d.key, at.isoformat(timespec="seconds"))
+    return partial(run.queue.nack, d.lock_token, at, retry.state)
+
+
+def _fail(run: Running, error: Exception) -> Settle:
+    """The handler failed: nack it for after the backoff, the error kept with
+    the message, or dead-letter it once max_attempts are used up."""
+    d = run.delivery
+    at = run.policy.next_try(d.attempts)
+    if at is None:
+        return _bury(run, error, describe(error))
+    log.info(
+        "%s/%s failed (attempt %d of %d): %s; next try at %s",
+        d.queue,
+        d.key,
+        d.attempts,
+        run.policy.max_attempts,
+        describe(error),
+        at.isoformat(timespec="seconds"),
+    )
+    return partial(run.queue.nack, d.lock_token, at, error=error_text(error))
+
+
+def _bury(run: Running, error: BaseException | str, why: str) -> Settle:
+    """Dead-letter the delivery with error (an exception: its traceback), saying why."""
+    d = run.delivery
+    log.warning("%s/%s dead-lettered (attempt %d of %d): %s", d.queue, d.key, d.attempts, run.policy.max_attempts, why)
+    text = error if isinstance(error, str) else error_text(error)
+    return partial(run.queue.dead_letter, d.lock_token, text)
+
+
+async def _heartbeat(run: Running) -> None:
+    """Extend the lease every lease/3 (a failed extend is tried again sooner);
+    once the lease is lost, give the delivery up."""
+    d, lease = run.delivery, run.policy.lease
+    every = lease.total_seconds() / 3
+    while True:
+        await asyncio.sleep(every)
+        extend = partial(run.queue.extend, d.lock_token, lease)
+        delays = RetryDelays(cap=every)
+        if await retrying(f"heartbeat of {d.queue}/{d.key}", extend, log=log, delays=delays, errors=DATABASE_ERRORS):
+            continue
+        log.warning("lease of %s/%s lost; its result will be ignored", d.queue, d.key)
+        run.give_up()
+        return
+
+
+def _in_thread(fn: Callable[..., T], *args: Any) -> Future[T]:
+    """fn(*args) in a new daemon thread (named pgdq-handler); its future."""
+    future: Future[T] = Future()
+    future.set_running_or_notify_cancel()  # running: a cancel cannot drop its result
+
+    def target() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:
+            future.set_exception(e)
+
+    threading.Thread(target=target, name="pgdq-handler", daemon=True).start()
+    return future
+
+
+def _time_out(run: Running, work: asyncio.Future[Any], limit: float | None) -> HandlerTimeout:
+    """A handler past its timeout: lease_lost() turns true, an async one is
+    cancelled, a sync one abandoned (its thread runs on) and reported."""
+    run.lost.set()
+    work.cancel()
+    what = "cancelled" if run.task is not None else "abandoned, its thread still running"
+    log.error("handler of %s/%s ran past its timeout of %s s; %s", run.queue.name, run.delivery.key, limit, what)
+    return HandlerTimeout(f"the handler ran past its timeout of {limit} s")
+
+
+def error_text(error: BaseException) -> str:
+    """What a message keeps of a handler's error: its traceback, at most 4000 characters."""
+    return "".join(traceback.format_exception(error))[-4000:]
