@@ -1,8 +1,10 @@
-"""dq_cron_next against croniter: random expressions (lists, ranges, steps,
-names, an optional leading seconds field) at random instants, many of them
-around the DST changes of New York, Bucharest and Lord Howe (a 30-minute
-shift), and its errors; the occurrences a poll materialises after a while
-against croniter's; a statement timeout while a schedule is materialised."""
+"""Cron expressions evaluated in SQL (dq_cron_next, 62_cron_expressions.sql)
+against croniter: random expressions (lists, ranges, steps, names, an
+optional leading seconds field) at random instants, many of them around the
+DST changes of New York, Bucharest and Lord Howe (a 30-minute shift), and
+its errors; the occurrences a poll materialises after a while against
+croniter's; a statement timeout while a schedule is materialised. (Python's
+CronService: test_cron_service.py; database schedules: test_schedules.py.)"""
 
 from __future__ import annotations
 

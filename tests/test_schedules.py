@@ -1,0 +1,73 @@
+"""Schedules stored in the database (Queue.schedule, dq_schedule) against a
+real server: their occurrences come with no scheduler process running, each
+once to competing consumers, and an idle worker wakes for the next one.
+(Python's CronService: test_cron_service.py; cron expressions evaluated in
+SQL: test_cron_expressions.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pgdq import Queue, Worker
+
+
+def consume(database: str, queue: str, seconds: float, workers: int = 5) -> Counter[str]:
+    """Keys delivered (and acked) by `workers` competing consumers polling for `seconds`."""
+    keys: list[str] = []
+
+    def consumer() -> None:
+        with Queue(queue, database) as q:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                d = q.poll(timedelta(seconds=30))
+                if d is None:
+                    time.sleep(0.02)
+                    continue
+                keys.append(d.key)
+                d.ack()
+
+    threads = [threading.Thread(target=consumer) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return Counter(keys)
+
+
+def occurrence(key: str) -> datetime:
+    return datetime.strptime(key.rsplit("/", 1)[1], "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=UTC)
+
+
+def test_database_schedule_fires_with_no_scheduler_running(database: str, queue_name: str) -> None:
+    with Queue(queue_name, database) as q:
+        next_at = q.schedule("db-tick", "* * * * * *", "Australia/Lord_Howe", {"db": 1})
+        assert next_at > datetime.now(UTC) - timedelta(seconds=1)
+        assert [s.name for s in q.schedules()] == ["db-tick"]
+        seen = consume(database, queue_name, 3.5)  # 5 competing consumers, nothing else
+        assert q.unschedule("db-tick") and q.schedules() == []
+    assert seen and max(seen.values()) == 1, "each occurrence once"
+    times = sorted(occurrence(k) for k in seen)
+    assert len(times) >= 2 and all(b - a == timedelta(seconds=1) for a, b in zip(times, times[1:], strict=False))
+
+
+def test_an_idle_worker_wakes_for_the_next_occurrence(database: str, queue_name: str) -> None:
+    late: list[float] = []
+
+    def handler(d: Any) -> None:
+        late.append((datetime.now(UTC) - d.scheduled_at).total_seconds())
+
+    with Queue(queue_name, database) as q:
+        q.schedule("every2", "*/2 * * * * *")
+        worker = Worker(queue_name, handler, dsn=database, idle_cap=timedelta(seconds=30))
+        thread = threading.Thread(target=lambda: asyncio.run(worker.run_async()))
+        thread.start()
+        time.sleep(4.3)
+        worker.stop()
+        thread.join(30)
+        q.unschedule("every2")
+    assert len(late) >= 2 and max(late) < 0.5, f"woken by dq_next_due, not the 30 s cap: {late}"
