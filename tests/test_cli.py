@@ -1,11 +1,22 @@
-"""The `pgdq` command against a real server: offer (one, and JSON Lines),
-poll, ack, stats, dead-letters; --json output and exit codes (pgdq not
-installed, a malformed --dsn, install errors: one line each)."""
+"""The `pgdq` command against a real server: offer (one, and JSON Lines,
+with what a bad line leaves behind, and --atomic), poll, ack, nack, peek,
+cancel, purge, stats, dead-letters, schedules; tokens printed whole on a
+narrow terminal and into a pipe; --json output, --schema and exit codes
+(pgdq not installed, a malformed --dsn, install errors: one line each)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -13,6 +24,7 @@ import pytest
 from click.testing import CliRunner, Result
 from conftest import dsn, recreate_database
 from pgdq import Queue
+from pgdq import __version__ as pgdq_version
 from pgdq.cli import main
 
 
@@ -21,8 +33,9 @@ def pgdq(database: str, *args: str, stdin: str | None = None) -> Result:
 
 
 def as_json(result: Result) -> Any:
+    """The JSON a command printed on stdout, once it succeeded."""
     assert result.exit_code == 0, result.output
-    return json.loads(result.output)
+    return json.loads(result.stdout)
 
 
 def test_offer_one(database: str, queue_name: str) -> None:
@@ -44,7 +57,7 @@ def test_offer_rejects_bad_input_and_writes_nothing(database: str, queue_name: s
     naive = pgdq(database, "offer", queue_name, "k", "1", "--at", "2030-01-01T10:00:00")
     assert naive.exit_code == 2 and "no time zone" in naive.output
     long_key = pgdq(database, "offer", queue_name, "k" * 201, "1")
-    assert long_key.exit_code == 1 and "key must be 1 to 200 characters" in long_key.output
+    assert "key must be 1 to 200 characters" in one_line_error(long_key, 2), "an argument pgdq refuses is bad usage"
     with Queue(queue_name, database) as q:
         assert q.stats().ready == 0
 
@@ -95,14 +108,249 @@ def test_dead_letters(database: str, queue_name: str) -> None:
         assert q.get("a") is not None and q.dead_letters() == []
 
 
+def jsonl(*items: dict[str, Any] | str) -> str:
+    """JSON Lines of items (a str item is a line as it is)."""
+    return "".join((item if isinstance(item, str) else json.dumps(item)) + "\n" for item in items)
+
+
+def test_offer_json_lines_says_what_a_bad_line_left_behind(database: str, queue_name: str) -> None:
+    with Queue(queue_name, database) as q:
+        q.offer("k1", "old")
+    lines = jsonl(
+        *({"key": f"k{i}", "payload": i} for i in range(1, 6)), "", '{"key": "k6"}', {"key": "k7", "payload": 7}
+    )
+    broken = pgdq(database, "offer", "--jsonl", "--batch", "2", queue_name, stdin=lines)
+    assert one_line_error(broken, 1) == (
+        'Error: line 7: expected an object {"key", "payload"[, "scheduled_at"]}; 4 messages before it were'
+        " offered and stay (3 created, 1 updated); nothing from line 5 on\n"
+    )
+    with Queue(queue_name, database) as q:
+        assert [(m.key, m.payload) for m in q.peek()] == [("k1", 1), ("k2", 2), ("k3", 3), ("k4", 4)]
+    first = pgdq(database, "offer", "--jsonl", queue_name, stdin="[1]\n")
+    assert one_line_error(first, 1).endswith("; nothing was offered\n")
+
+
+def test_offer_json_lines_says_which_batch_the_server_refused(database: str, queue_name: str) -> None:
+    lines = jsonl(
+        {"key": "a", "payload": 1}, {"key": "b", "payload": 2}, {"key": "c", "payload": 3}, {"key": "", "payload": 4}
+    )
+    refused = one_line_error(pgdq(database, "offer", "--jsonl", "--batch", "2", queue_name, stdin=lines), 1)
+    assert refused.startswith("Error: the batch of lines 3-4: pgdq: ")
+    assert refused.endswith("; 2 messages before it were offered and stay (2 created); nothing from line 3 on\n")
+    with Queue(queue_name, database) as q:
+        assert [m.key for m in q.peek()] == ["a", "b"]
+
+
+def test_offer_json_lines_atomic_is_all_or_nothing(database: str, queue_name: str) -> None:
+    good = [{"key": f"k{i}", "payload": i} for i in range(5)]
+    for bad in ('{"key": "k5"', {"key": "", "payload": 0}):
+        failed = pgdq(database, "offer", "--jsonl", "--atomic", "--batch", "2", queue_name, stdin=jsonl(*good, bad))
+        assert one_line_error(failed, 1).endswith("; nothing was offered (--atomic: the import rolled back)\n")
+        with Queue(queue_name, database) as q:
+            assert q.peek() == []
+    counts = as_json(
+        pgdq(database, "offer", "--json", "--jsonl", "--atomic", "--batch", "2", queue_name, stdin=jsonl(*good))
+    )
+    assert counts == {"created": 5, "updated": 0, "ignored": 0}
+    assert pgdq(database, "offer", "--atomic", queue_name, "k", "1").exit_code == 2
+
+
+def test_peek_cancel_and_purge(database: str, queue_name: str) -> None:
+    with Queue(queue_name, database) as q:
+        q.offer("leased", 2)
+        leased = q.poll()
+        assert leased is not None
+        q.offer_many([("due", {"a": 1}), ("later", 3, datetime.now(UTC) + timedelta(hours=1))])
+    shown = as_json(pgdq(database, "peek", "--json", queue_name))
+    assert [(m["key"], m["payload"], m["leased"]) for m in shown] == [
+        ("due", {"a": 1}, False),
+        ("leased", 2, True),
+        ("later", 3, False),
+    ]
+    assert [m["key"] for m in as_json(pgdq(database, "peek", "--json", "--leased", queue_name))] == ["leased"]
+    assert [m["key"] for m in as_json(pgdq(database, "peek", "--json", "--delayed", queue_name))] == ["later"]
+    assert [m["key"] for m in as_json(pgdq(database, "peek", "--json", "--due", "--limit", "5", queue_name))] == ["due"]
+    rows = [line.split("\t") for line in pgdq(database, "peek", queue_name).output.splitlines()]
+    assert [(r[0], r[2], r[3], r[5]) for r in rows] == [
+        ("due", "0", "", '{"a": 1}'),
+        ("leased", "1", "leased", "2"),
+        ("later", "0", "", "3"),
+    ]
+    assert pgdq(database, "peek", "--limit", "0", queue_name).exit_code == 2
+    assert as_json(pgdq(database, "cancel", "--json", queue_name, "leased")) == {"cancelled": True}
+    missing = pgdq(database, "cancel", queue_name, "leased")
+    assert missing.exit_code == 4 and "no message leased in" in missing.output
+    asked = pgdq(database, "purge", queue_name, stdin="n\n")
+    assert asked.exit_code == 1 and "Delete every message of" in asked.output
+    assert as_json(pgdq(database, "purge", "--json", queue_name, stdin="y\n")) == {"purged": 2}
+    assert as_json(pgdq(database, "purge", "--yes", "--json", queue_name)) == {"purged": 0}
+    with Queue(queue_name, database) as q:
+        assert not q.ack(leased.lock_token)
+
+
+def test_nack_with_an_error(database: str, queue_name: str) -> None:
+    with Queue(queue_name, database) as q:
+        q.offer_many([("a", 1), ("b", 2)])
+        a, b = q.poll_many(2)
+    assert as_json(pgdq(database, "nack", "--json", str(a.lock_token), "--in", "3600", "--error", "boom")) == {
+        "nacked": True
+    }
+    assert pgdq(database, "nack", str(b.lock_token)).output == "nacked\n"
+    stale = pgdq(database, "nack", str(a.lock_token))
+    assert stale.exit_code == 4 and "stale" in stale.output
+    assert pgdq(database, "nack", "nope").exit_code == 2
+    assert pgdq(database, "nack", str(b.lock_token), "--at", "2030-01-01T00:00:00Z", "--in", "1").exit_code == 2
+    with Queue(queue_name, database) as q:
+        (b_now, a_now) = q.peek()
+    assert (a_now.key, a_now.last_error, a_now.due_at > datetime.now(UTC) + timedelta(minutes=59)) == (
+        "a",
+        "boom",
+        True,
+    )
+    assert (b_now.key, b_now.last_error, b_now.leased) == ("b", None, False)
+
+
+def test_schedules(database: str, queue_name: str) -> None:
+    made = as_json(
+        pgdq(database, "schedules", "set", "--json", queue_name, "nightly", "0 3 * * *", "--payload", '{"x": 1}')
+    )
+    assert made["name"] == "nightly" and datetime.fromisoformat(made["next_at"]).hour == 3
+    said = pgdq(database, "schedules", "set", queue_name, "paris", "0 9 * * mon-fri", "--timezone", "Europe/Paris")
+    assert said.exit_code == 0 and said.output.startswith(f"{queue_name}/paris: next at ")
+    listed = [s for s in as_json(pgdq(database, "schedules", "list", "--json")) if s["queue"] == queue_name]
+    assert [(s["name"], s["payload"], s["timezone"]) for s in listed] == [
+        ("nightly", {"x": 1}, "UTC"),
+        ("paris", None, "Europe/Paris"),
+    ]
+    rows = pgdq(database, "schedules", "list", queue_name).output.splitlines()
+    assert [row.split("\t")[:3] for row in rows] == [
+        [queue_name, "nightly", "0 3 * * *"],
+        [queue_name, "paris", "0 9 * * mon-fri"],
+    ]
+    bad = pgdq(database, "schedules", "set", queue_name, "bad", "61 * * * *")
+    assert bad.exit_code == 2 and "Error: " in bad.output
+    assert pgdq(database, "schedules", "set", queue_name, "bad", "* * * * *", "--payload", "{").exit_code == 2
+    assert as_json(pgdq(database, "schedules", "remove", "--json", queue_name, "nightly")) == {"removed": True}
+    assert pgdq(database, "schedules", "remove", queue_name, "paris").output == "removed\n"
+    assert pgdq(database, "schedules", "remove", queue_name, "paris").exit_code == 4
+    assert as_json(pgdq(database, "schedules", "list", "--json", queue_name)) == []
+
+
+def test_poll_prints_whole_tokens_into_a_pipe(database: str, queue_name: str) -> None:
+    key = "a-key-rather-longer-than-a-narrow-terminal-would-like-" + "x" * 60
+    with Queue(queue_name, database) as q:
+        q.offer_many([(f"{key}{i}", {"text": "y" * 200}) for i in range(3)])
+    env = {**os.environ, "PGDQ_DSN": database, "COLUMNS": "80"}
+    command = [sys.executable, "-m", "pgdq", "poll", queue_name, "--max", "3"]
+    printed = subprocess.run(command, capture_output=True, text=True, env=env, check=True)  # stdout: a pipe
+    rows = [line.split("\t") for line in printed.stdout.splitlines()]
+    assert [row[1] for row in rows] == [f"{key}{i}" for i in range(3)], "keys whole, one row a line"
+    assert as_json(pgdq(database, "ack", "--json", *(row[0] for row in rows))) == {"acked": 3, "stale": 0}
+
+
+def test_poll_prints_whole_tokens_on_a_narrow_terminal(database: str, queue_name: str) -> None:
+    with Queue(queue_name, database) as q:
+        q.offer_many([(f"key-{i}-" + "k" * 70, {"text": "y" * 300}) for i in range(3)])
+    output = on_terminal(database, "poll", queue_name, "--max", "3", columns=80)
+    assert "leased" in output and max(map(len, output.splitlines())) <= 80
+    tokens = re.findall(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", output)
+    assert len(tokens) == 3
+    assert as_json(pgdq(database, "ack", "--json", *tokens)) == {"acked": 3, "stale": 0}
+
+
+def test_offer_json_lines_shows_count_and_rate_on_a_terminal(database: str, queue_name: str) -> None:
+    lines = jsonl(*({"key": f"k{i}", "payload": i} for i in range(3000)))
+    output = on_terminal(database, "offer", "--jsonl", "--batch", "100", queue_name, stdin=lines, columns=120)
+    assert re.search(r"offering to \S+ .*[\d,]+ messages, [\d,]+/s", output), output
+    assert output.strip().endswith("3000 created, 0 updated, 0 ignored")
+
+
+def on_terminal(database: str, *args: str, columns: int, stdin: str | None = None) -> str:
+    """What `pgdq args` writes to a terminal columns wide (stdout and stderr), escapes removed."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    env = {**os.environ, "PGDQ_DSN": database, "COLUMNS": str(columns), "TERM": "xterm"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pgdq", *args],
+        stdin=subprocess.PIPE,
+        stdout=follower,
+        stderr=follower,
+        env=env,
+    )
+    os.close(follower)
+    assert process.stdin is not None
+    process.stdin.write((stdin or "").encode())
+    process.stdin.close()
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed: the command is done
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert process.wait(timeout=60) == 0, b"".join(chunks)
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode()).replace("\r", "")
+
+
+def test_every_command_takes_one_schema_default_and_json(database: str, empty: str) -> None:
+    with psycopg.connect(database, autocommit=True) as conn:
+        schema = conn.execute(
+            "SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'pgdq'"
+        ).fetchone()
+    assert schema == ("public",)
+    assert as_json(pgdq(database, "version", "--json")) == {
+        "client": pgdq_version,
+        "database": pgdq_version,
+        "schema": "public",
+    }
+    env_schema = CliRunner().invoke(main, ["stats"], env={"PGDQ_DSN": database, "PGDQ_SCHEMA": "elsewhere"})
+    assert one_line_error(env_schema, 3) == "Error: pgdq is not installed in schema elsewhere\n"
+    bad = CliRunner().invoke(main, ["peek", "q"], env={"PGDQ_DSN": database, "PGDQ_SCHEMA": "a$b"})
+    assert "invalid --schema" in one_line_error(bad, 2)
+    assert as_json(pgdq(empty, "install", "--json", "--schema", "app")) == {
+        "installed": True,
+        "version": pgdq_version,
+        "schema": "app",
+    }
+    assert as_json(pgdq(empty, "install", "--json", "--schema", "app", "--if-not-exists"))["installed"] is False
+    assert as_json(pgdq(empty, "upgrade", "--json", "--schema", "app")) == {
+        "schema": "app",
+        "version": pgdq_version,
+        "path": [],
+    }
+    assert as_json(pgdq(empty, "offer", "--json", "--schema", "app", "q", "k", "1")) == {
+        "key": "k",
+        "outcome": "created",
+    }
+    in_app = CliRunner().invoke(main, ["stats", "--json"], env={"PGDQ_DSN": empty, "PGDQ_SCHEMA": "app"})
+    assert [s["queue"] for s in as_json(in_app)] == ["q"]
+    assert as_json(pgdq(empty, "uninstall", "--json", "--yes", "--schema", "app")) == {
+        "uninstalled": True,
+        "schema": "app",
+    }
+    gone = pgdq(empty, "version", "--json", "--schema", "app")
+    assert gone.exit_code == 3 and json.loads(gone.output)["database"] is None
+
+
 # -- exit codes: pgdq not installed, a malformed --dsn, install errors -------
 
 TOKEN = "00000000-0000-0000-0000-000000000001"
 NEEDS_PGDQ = [
     ["offer", "q", "k", "1"],
+    ["offer", "q", "--jsonl"],
     ["poll", "q"],
     ["ack", TOKEN],
+    ["nack", TOKEN],
+    ["peek", "q"],
+    ["cancel", "q", "k"],
+    ["purge", "q", "--yes"],
     ["stats"],
+    ["schedules", "list"],
+    ["schedules", "set", "q", "s", "* * * * *"],
+    ["schedules", "remove", "q", "s"],
     ["dead-letters", "list", "q"],
     ["dead-letters", "redrive", "q"],
     ["dead-letters", "purge", "q", "--yes"],

@@ -1,28 +1,40 @@
 """pgdq: a delayed-message queue inside PostgreSQL.
 
-Queue (blocking) and AsyncQueue (asyncio) wrap the SQL API of one queue; each
-method is one statement calling a dq_* function. Worker consumes queues with
-handlers (pgdq.worker).
+Queue (blocking) and AsyncQueue (asyncio) wrap the SQL API of one queue;
+Client and AsyncClient what belongs to no one queue (lock tokens, every
+queue's stats and schedules). Each method is one statement calling a dq_*
+function. Worker consumes queues with handlers (pgdq.worker).
 """
 
-from ._async_queue import AsyncDelivery, AsyncQueue
-from ._sync_queue import Delivery, Queue
+from ._async_queue import AsyncClient, AsyncDelivery, AsyncQueue
+from ._sync_queue import Client, Delivery, Queue
 from ._version import VERSION
 from .codec import Codec, JsonCodec
 from .cron import AsyncCronService, CronService
 from .errors import AlreadyInstalled, InvalidArgument, NullArgument, PayloadDecodeError, PgdqError, StaleToken
 from .install import install, uninstall
-from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, QueueStats, Schedule
+from .model import (
+    DeadLetter,
+    Message,
+    MessageInfo,
+    OfferOutcome,
+    OfferResult,
+    PeekedMessage,
+    QueueStats,
+    Schedule,
+)
 from .worker import Backoff, HandlerTimeout, Retry, Route, Worker, handler, lease_lost
 
 __version__ = VERSION
 
 __all__ = [
     "AlreadyInstalled",
+    "AsyncClient",
     "AsyncDelivery",
     "AsyncCronService",
     "AsyncQueue",
     "Backoff",
+    "Client",
     "Codec",
     "CronService",
     "DeadLetter",
@@ -36,6 +48,7 @@ __all__ = [
     "OfferOutcome",
     "OfferResult",
     "PayloadDecodeError",
+    "PeekedMessage",
     "PgdqError",
     "Queue",
     "QueueStats",

@@ -1,4 +1,5 @@
-"""AsyncQueue: one queue of pgdq, over asyncio and psycopg 3.
+"""AsyncQueue: one queue of pgdq, and AsyncClient: what belongs to no one
+queue (lock tokens, every queue's stats and schedules), over asyncio and psycopg 3.
 
 This file is the source: _sync_queue.py is generated from it by
 python/tools/gen_sync.py (as psycopg generates its own sync code), so the two
@@ -21,7 +22,16 @@ from psycopg_pool import AsyncConnectionPool
 from . import _statements as st
 from .codec import Codec, JsonCodec, dumps_array
 from .errors import PayloadDecodeError, StaleToken, translate
-from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, QueueStats, Schedule
+from .model import (
+    DeadLetter,
+    Message,
+    MessageInfo,
+    OfferOutcome,
+    OfferResult,
+    PeekedMessage,
+    QueueStats,
+    Schedule,
+)
 
 _OUTCOMES = {o.value: o for o in OfferOutcome}
 
@@ -72,10 +82,12 @@ class AsyncDelivery:
         retry_at: datetime | None = None,
         state: Any = None,
         *,
+        error: str | None = None,
         conn: AsyncConnection[Any] | None = None,
     ) -> None:
-        """Give the message back, due at retry_at (None: now), saving state if given."""
-        if not await self.source.nack(self.lock_token, retry_at, state, conn=conn):
+        """Give the message back, due at retry_at (None: now), saving state
+        and recording error as its last_error if given."""
+        if not await self.source.nack(self.lock_token, retry_at, state, error=error, conn=conn):
             raise StaleToken(f"cannot nack {self.key!r}: the delivery is no longer current")
 
     async def dead_letter(self, error: str | None = None, *, conn: AsyncConnection[Any] | None = None) -> None:
@@ -91,41 +103,41 @@ class AsyncDelivery:
         return until
 
 
-class AsyncQueue:
-    """One queue of pgdq. Every method is one SQL statement: one round trip.
+def _decoded(codec: Codec, payload: Any, queue: str, key: str) -> tuple[Any, PayloadDecodeError | None]:
+    """The payload as codec decodes it, or the PayloadDecodeError saying why not."""
+    try:
+        return codec.load(payload), None
+    except Exception as e:  # the codec is the caller's code: any error is this message's alone
+        error = PayloadDecodeError(f"cannot decode the payload of {key!r} in queue {queue!r}: {e!r}")
+        error.__cause__ = e
+        return None, error
 
-    source is a connection (AsyncConnection: used as it is, its transaction is
-    yours), a pool (AsyncConnectionPool: one pooled connection per call,
-    committed on return) or a conninfo string (one autocommit connection,
-    opened on first use).
-    Methods that write take conn= to run inside your own transaction instead.
+
+class AsyncClient:
+    """What belongs to no one queue of pgdq: lock tokens (ack, nack, extend,
+    dead_letter), the stats and schedules of every queue, the version.
+    Every method is one SQL statement; AsyncQueue runs its own through one.
+
+    source is a connection (used as it is, its transaction is yours), a pool
+    (one pooled connection per call, committed on return) or a conninfo
+    string (one autocommit connection, opened on first use). codec encodes
+    nack states and decodes schedule payloads (default: JSON values).
     """
 
-    def __init__(
-        self,
-        name: str,
-        source: AsyncSource,
-        *,
-        schema: str | None = None,
-        codec: Codec | None = None,
-        payload_type: type[Any] | None = None,
-        lease: st.Lease = timedelta(minutes=5),
-    ) -> None:
-        self.name = name
-        self.codec: Codec = codec if codec is not None else JsonCodec(payload_type)
-        self.lease = st.lease(lease)
+    def __init__(self, source: AsyncSource, *, schema: str | None = None, codec: Codec | None = None) -> None:
+        self.codec: Codec = codec if codec is not None else JsonCodec()
         self._source = source
         self._own: AsyncConnection[Any] | None = None
         self._sql = st.statements(schema)
 
-    async def __aenter__(self) -> AsyncQueue:
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def close(self) -> None:
-        """Close the connection this queue opened itself (never yours or the pool)."""
+        """Close the connection this client opened itself (never yours or the pool)."""
         if self._own is not None:
             await self._own.close()
             self._own = None
@@ -159,6 +171,108 @@ class AsyncQueue:
         rows = await self._rows(method, params, conn)
         return rows[0][0]
 
+    # lock tokens, whatever their queue
+
+    async def ack(self, lock_token: UUID | None, *, conn: AsyncConnection[Any] | None = None) -> bool:
+        """Delete the message leased under lock_token; False when stale (dq_ack)."""
+        return bool(await self._value("ack", (lock_token,), conn))
+
+    async def ack_many(
+        self, lock_tokens: Sequence[UUID | None] | None, *, conn: AsyncConnection[Any] | None = None
+    ) -> int:
+        """Ack a batch of tokens; how many were current (dq_ack_many)."""
+        return int(await self._value("ack_many", (st.token_list(lock_tokens),), conn))
+
+    async def nack(
+        self,
+        lock_token: UUID | None,
+        retry_at: datetime | None = None,
+        state: Any = None,
+        *,
+        error: str | None = None,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> bool:
+        """Give a leased message back, due at retry_at (None: now), saving
+        state and recording error as its last_error if given; False when stale."""
+        saved = None if state is None else self.codec.dumps(state)
+        params = (lock_token, st.aware(retry_at, "retry_at"), saved, error)
+        return bool(await self._value("nack", params, conn))
+
+    async def extend(
+        self, lock_token: UUID | None, lease: st.Lease, *, conn: AsyncConnection[Any] | None = None
+    ) -> datetime | None:
+        """Lease until now + lease; the new lease end, or None when stale (dq_extend)."""
+        until: datetime | None = await self._value("extend", (lock_token, st.lease(lease)), conn)
+        return until
+
+    async def dead_letter(
+        self, lock_token: UUID | None, error: str | None = None, *, conn: AsyncConnection[Any] | None = None
+    ) -> bool:
+        """Move the message leased under lock_token to the dead letters; False when stale."""
+        return bool(await self._value("dead_letter", (lock_token, error), conn))
+
+    # every queue
+
+    async def stats(self, queue: str | None = None, *, conn: AsyncConnection[Any] | None = None) -> list[QueueStats]:
+        """Ready, delayed and leased counts of every queue (of queue, if given), by name (dq_stats)."""
+        return [QueueStats(*row) for row in await self._rows("stats", (queue,), conn)]
+
+    async def schedules(self, queue: str | None = None, *, conn: AsyncConnection[Any] | None = None) -> list[Schedule]:
+        """The schedules of every queue (of queue, if given) with their next occurrence (dq_schedules)."""
+        rows = await self._rows("schedules", (queue,), conn)
+        return [Schedule(q, n, e, z, self.codec.load(p), m, at, *rest) for q, n, e, z, p, m, at, *rest in rows]
+
+    async def version(self, *, conn: AsyncConnection[Any] | None = None) -> str:
+        """The installed pgdq version."""
+        return str(await self._value("version", (), conn))
+
+
+class AsyncQueue:
+    """One queue of pgdq. Every method is one SQL statement: one round trip.
+
+    source is a connection (AsyncConnection: used as it is, its transaction is
+    yours), a pool (AsyncConnectionPool: one pooled connection per call,
+    committed on return) or a conninfo string (one autocommit connection,
+    opened on first use).
+    Methods that write take conn= to run inside your own transaction instead.
+    client is the AsyncClient (same source, schema and codec) that runs every
+    statement; the lock-token methods are its own.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        source: AsyncSource,
+        *,
+        schema: str | None = None,
+        codec: Codec | None = None,
+        payload_type: type[Any] | None = None,
+        lease: st.Lease = timedelta(minutes=5),
+    ) -> None:
+        self.name = name
+        self.codec: Codec = codec if codec is not None else JsonCodec(payload_type)
+        self.lease = st.lease(lease)
+        self.client = AsyncClient(source, schema=schema, codec=self.codec)
+
+    async def __aenter__(self) -> AsyncQueue:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection this queue opened itself (never yours or the pool)."""
+        await self.client.close()
+
+    async def _rows(
+        self, method: str, params: Sequence[Any], conn: AsyncConnection[Any] | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Run the method's one statement (through the client); its rows."""
+        return await self.client._rows(method, params, conn)
+
+    async def _value(self, method: str, params: Sequence[Any], conn: AsyncConnection[Any] | None = None) -> Any:
+        return await self.client._value(method, params, conn)
+
     def _lease(self, lease: st.Lease | None) -> timedelta | None:
         """The lease to ask for: the given one, else the queue's default."""
         return self.lease if lease is None else st.lease(lease)
@@ -166,12 +280,7 @@ class AsyncQueue:
     def _delivery(self, row: tuple[Any, ...]) -> AsyncDelivery:
         """A delivery of a row; a payload the codec rejects becomes its decode_error."""
         id_, queue, key, payload, state, scheduled_at, created_at, attempts, redelivery, token, until = row
-        decoded, error = None, None
-        try:
-            decoded = self.codec.load(payload)
-        except Exception as e:  # the codec is the caller's code: any error is this delivery's alone
-            error = PayloadDecodeError(f"cannot decode the payload of {key!r} in queue {queue!r}: {e!r}")
-            error.__cause__ = e
+        decoded, error = _decoded(self.codec, payload, queue, key)
         return AsyncDelivery(
             id=id_,
             queue=queue,
@@ -247,14 +356,14 @@ class AsyncQueue:
         return [self._delivery(r) for r in rows]
 
     async def ack(self, lock_token: UUID | None, *, conn: AsyncConnection[Any] | None = None) -> bool:
-        """Delete the message leased under lock_token; False when stale (dq_ack)."""
-        return bool(await self._value("ack", (lock_token,), conn))
+        """Delete the message leased under lock_token; False when stale (AsyncClient.ack)."""
+        return await self.client.ack(lock_token, conn=conn)
 
     async def ack_many(
         self, lock_tokens: Sequence[UUID | None] | None, *, conn: AsyncConnection[Any] | None = None
     ) -> int:
-        """Ack a batch of tokens; how many were current (dq_ack_many)."""
-        return int(await self._value("ack_many", (st.token_list(lock_tokens),), conn))
+        """Ack a batch of tokens; how many were current (AsyncClient.ack_many)."""
+        return await self.client.ack_many(lock_tokens, conn=conn)
 
     async def nack(
         self,
@@ -262,19 +371,19 @@ class AsyncQueue:
         retry_at: datetime | None = None,
         state: Any = None,
         *,
+        error: str | None = None,
         conn: AsyncConnection[Any] | None = None,
     ) -> bool:
-        """Give a leased message back, due at retry_at (None: now); False when stale."""
-        saved = None if state is None else self.codec.dumps(state)
-        params = (lock_token, st.aware(retry_at, "retry_at"), saved)
-        return bool(await self._value("nack", params, conn))
+        """Give a leased message back, due at retry_at (None: now), saving
+        state and recording error as its last_error if given; False when
+        stale (AsyncClient.nack)."""
+        return await self.client.nack(lock_token, retry_at, state, error=error, conn=conn)
 
     async def extend(
         self, lock_token: UUID | None, lease: st.Lease, *, conn: AsyncConnection[Any] | None = None
     ) -> datetime | None:
-        """Lease until now + lease; the new lease end, or None when stale (dq_extend)."""
-        until: datetime | None = await self._value("extend", (lock_token, st.lease(lease)), conn)
-        return until
+        """Lease until now + lease; the new lease end, or None when stale (AsyncClient.extend)."""
+        return await self.client.extend(lock_token, lease, conn=conn)
 
     # managing
 
@@ -294,10 +403,39 @@ class AsyncQueue:
         """Delete every message of the queue; how many."""
         return int(await self._value("purge", (self.name,), conn))
 
+    async def peek(
+        self, which: str | None = None, max_count: int = 100, *, conn: AsyncConnection[Any] | None = None
+    ) -> list[PeekedMessage]:
+        """Up to max_count messages, earliest due first, without locking or
+        changing them (dq_peek): which is None (any), 'due', 'delayed' or
+        'leased'. A payload the codec cannot decode never fails the peek:
+        that message's decode_error is set (as for a delivery)."""
+        rows = await self._rows("peek", (self.name, which, max_count), conn)
+        return [self._peeked(row) for row in rows]
+
+    def _peeked(self, row: tuple[Any, ...]) -> PeekedMessage:
+        """A peeked message of a dq_peek row; an undecodable payload becomes its decode_error."""
+        key, payload, state, scheduled_at, due_at, attempts, leased, lease_until, last_error = row
+        decoded, error = _decoded(self.codec, payload, self.name, key)
+        return PeekedMessage(
+            queue=self.name,
+            key=key,
+            raw_payload=payload,
+            state=state,
+            scheduled_at=scheduled_at,
+            due_at=due_at,
+            attempts=attempts,
+            leased=leased,
+            lease_until=lease_until,
+            last_error=last_error,
+            decode_error=error,
+            _decoded=decoded,
+        )
+
     async def stats(self, *, conn: AsyncConnection[Any] | None = None) -> QueueStats:
         """Ready, delayed and leased counts of the queue (dq_stats)."""
-        rows = await self._rows("stats", (self.name,), conn)
-        return QueueStats(*rows[0])
+        (found,) = await self.client.stats(self.name, conn=conn)
+        return found
 
     async def next_due(self, *, conn: AsyncConnection[Any] | None = None) -> datetime | None:
         """The earliest due time in the queue (leases by their end), or None."""
@@ -314,7 +452,7 @@ class AsyncQueue:
         self, lock_token: UUID | None, error: str | None = None, *, conn: AsyncConnection[Any] | None = None
     ) -> bool:
         """Move the message leased under lock_token to the dead letters; False when stale."""
-        return bool(await self._value("dead_letter", (lock_token, error), conn))
+        return await self.client.dead_letter(lock_token, error, conn=conn)
 
     async def dead_letters(self, max_count: int = 100, *, conn: AsyncConnection[Any] | None = None) -> list[DeadLetter]:
         """Up to max_count dead letters, oldest failure first (dq_dead_list)."""
@@ -361,8 +499,7 @@ class AsyncQueue:
 
     async def schedules(self, *, conn: AsyncConnection[Any] | None = None) -> list[Schedule]:
         """This queue's schedules with their next occurrence (dq_schedules)."""
-        rows = await self._rows("schedules", (self.name,), conn)
-        return [Schedule(q, n, e, z, self.codec.load(p), m, at, *rest) for q, n, e, z, p, m, at, *rest in rows]
+        return await self.client.schedules(self.name, conn=conn)
 
     async def cron_install(
         self,
@@ -389,4 +526,4 @@ class AsyncQueue:
 
     async def version(self, *, conn: AsyncConnection[Any] | None = None) -> str:
         """The installed pgdq version."""
-        return str(await self._value("version", (), conn))
+        return await self.client.version(conn=conn)

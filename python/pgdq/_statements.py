@@ -31,12 +31,13 @@ _TEMPLATES: dict[str, str] = {
     "ack": "SELECT {fn}(%s)",
     "ack_many": "SELECT {fn}(%s::uuid[])",
     "ack_poll": "SELECT * FROM {fn}(%s::uuid[], %s, %s, %s)",
-    "nack": "SELECT {fn}(%s, %s, %s::jsonb)",
+    "nack": "SELECT {fn}(%s, %s, %s::jsonb, %s::text)",
     "extend": "SELECT {fn}(%s, %s)",
     "cancel": "SELECT {fn}(%s, %s)",
     "get": "SELECT * FROM {fn}(%s, %s)",
     "purge": "SELECT {fn}(%s)",
-    "stats": "SELECT * FROM {fn}(%s)",
+    "peek": "SELECT * FROM {fn}(%s, %s::text, %s::integer)",
+    "stats": "SELECT * FROM {fn}(%s::text)",
     "next_due": "SELECT {fn}(%s)",
     "cron_install": "SELECT {fn}(%s, %s, %s, %s::timestamptz[], " + _PAYLOAD_ARRAY + ", %s)",
     "cron_uninstall": "SELECT {fn}(%s, %s, %s)",
@@ -48,8 +49,17 @@ _TEMPLATES: dict[str, str] = {
     "dead_purge": "SELECT {fn}(%s, %s)",
     "schedule_set": "SELECT {fn}(%s, %s, %s, %s, %s::jsonb, %s)",
     "schedule_remove": "SELECT {fn}(%s, %s)",
-    "schedules": "SELECT * FROM {fn}(%s)",
+    "schedules": "SELECT * FROM {fn}(%s::text)",
+    # snapshot reads (pgdq.spark): payload and state as JSON text, as Spark takes them
+    "read_bounds": "SELECT b.low, b.high FROM {fn}(%s, %s::text) AS b",
+    "read_messages": "SELECT r.id, r.queue, r.key, r.payload::text, r.state::text, r.scheduled_at, r.due_at,"
+    " r.created_at, r.attempts, r.leased FROM {fn}(%s::text, %s::bigint, %s::bigint) AS r",
+    "read_dead_letters": "SELECT r.id, r.queue, r.key, r.payload::text, r.state::text, r.scheduled_at,"
+    " r.created_at, r.attempts, r.error, r.failed_at FROM {fn}(%s::text, %s::bigint, %s::bigint) AS r",
 }
+
+# The snapshot a reader exports for others to read in (pgdq.spark).
+EXPORT_SNAPSHOT = b"SELECT pg_catalog.pg_export_snapshot()"
 
 
 @cache
@@ -101,3 +111,8 @@ def split_messages(
 def token_list(tokens: Sequence[Any] | None) -> list[Any] | None:
     """Lock tokens as a list (None stays None: the server answers 0)."""
     return None if tokens is None else list(tokens)
+
+
+def use_snapshot(snapshot: str) -> bytes:
+    """The statement that makes this transaction read in an exported snapshot."""
+    return sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)).as_bytes(None)

@@ -5,19 +5,22 @@ Generated from _async_queue.py; edit that file, then run `make sync-code`.
 """
 
 from __future__ import annotations
-from collections.abc import Iterator, Iterable, Sequence
+
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
+
 import psycopg
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
+
 from . import _statements as st
 from .codec import Codec, JsonCodec, dumps_array
 from .errors import PayloadDecodeError, StaleToken, translate
-from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, QueueStats, Schedule
+from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, PeekedMessage, QueueStats, Schedule
 
 _OUTCOMES = {o.value: o for o in OfferOutcome}
 Source = Connection[Any] | ConnectionPool[Any] | str
@@ -62,9 +65,17 @@ class Delivery:
         if not self.source.ack(self.lock_token, conn=conn):
             raise StaleToken(f"cannot ack {self.key!r}: the delivery is no longer current")
 
-    def nack(self, retry_at: datetime | None = None, state: Any = None, *, conn: Connection[Any] | None = None) -> None:
-        """Give the message back, due at retry_at (None: now), saving state if given."""
-        if not self.source.nack(self.lock_token, retry_at, state, conn=conn):
+    def nack(
+        self,
+        retry_at: datetime | None = None,
+        state: Any = None,
+        *,
+        error: str | None = None,
+        conn: Connection[Any] | None = None,
+    ) -> None:
+        """Give the message back, due at retry_at (None: now), saving state
+        and recording error as its last_error if given."""
+        if not self.source.nack(self.lock_token, retry_at, state, error=error, conn=conn):
             raise StaleToken(f"cannot nack {self.key!r}: the delivery is no longer current")
 
     def dead_letter(self, error: str | None = None, *, conn: Connection[Any] | None = None) -> None:
@@ -80,41 +91,41 @@ class Delivery:
         return until
 
 
-class Queue:
-    """One queue of pgdq. Every method is one SQL statement: one round trip.
+def _decoded(codec: Codec, payload: Any, queue: str, key: str) -> tuple[Any, PayloadDecodeError | None]:
+    """The payload as codec decodes it, or the PayloadDecodeError saying why not."""
+    try:
+        return (codec.load(payload), None)
+    except Exception as e:  # the codec is the caller's code: any error is this message's alone
+        error = PayloadDecodeError(f"cannot decode the payload of {key!r} in queue {queue!r}: {e!r}")
+        error.__cause__ = e
+        return (None, error)
 
-    source is a connection (Connection: used as it is, its transaction is
-    yours), a pool (ConnectionPool: one pooled connection per call,
-    committed on return) or a conninfo string (one autocommit connection,
-    opened on first use).
-    Methods that write take conn= to run inside your own transaction instead.
+
+class Client:
+    """What belongs to no one queue of pgdq: lock tokens (ack, nack, extend,
+    dead_letter), the stats and schedules of every queue, the version.
+    Every method is one SQL statement; Queue runs its own through one.
+
+    source is a connection (used as it is, its transaction is yours), a pool
+    (one pooled connection per call, committed on return) or a conninfo
+    string (one autocommit connection, opened on first use). codec encodes
+    nack states and decodes schedule payloads (default: JSON values).
     """
 
-    def __init__(
-        self,
-        name: str,
-        source: Source,
-        *,
-        schema: str | None = None,
-        codec: Codec | None = None,
-        payload_type: type[Any] | None = None,
-        lease: st.Lease = timedelta(minutes=5),
-    ) -> None:
-        self.name = name
-        self.codec: Codec = codec if codec is not None else JsonCodec(payload_type)
-        self.lease = st.lease(lease)
+    def __init__(self, source: Source, *, schema: str | None = None, codec: Codec | None = None) -> None:
+        self.codec: Codec = codec if codec is not None else JsonCodec()
         self._source = source
         self._own: Connection[Any] | None = None
         self._sql = st.statements(schema)
 
-    def __enter__(self) -> Queue:
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
-        """Close the connection this queue opened itself (never yours or the pool)."""
+        """Close the connection this client opened itself (never yours or the pool)."""
         if self._own is not None:
             self._own.close()
             self._own = None
@@ -146,6 +157,104 @@ class Queue:
         rows = self._rows(method, params, conn)
         return rows[0][0]
 
+    # lock tokens, whatever their queue
+
+    def ack(self, lock_token: UUID | None, *, conn: Connection[Any] | None = None) -> bool:
+        """Delete the message leased under lock_token; False when stale (dq_ack)."""
+        return bool(self._value("ack", (lock_token,), conn))
+
+    def ack_many(self, lock_tokens: Sequence[UUID | None] | None, *, conn: Connection[Any] | None = None) -> int:
+        """Ack a batch of tokens; how many were current (dq_ack_many)."""
+        return int(self._value("ack_many", (st.token_list(lock_tokens),), conn))
+
+    def nack(
+        self,
+        lock_token: UUID | None,
+        retry_at: datetime | None = None,
+        state: Any = None,
+        *,
+        error: str | None = None,
+        conn: Connection[Any] | None = None,
+    ) -> bool:
+        """Give a leased message back, due at retry_at (None: now), saving
+        state and recording error as its last_error if given; False when stale."""
+        saved = None if state is None else self.codec.dumps(state)
+        params = (lock_token, st.aware(retry_at, "retry_at"), saved, error)
+        return bool(self._value("nack", params, conn))
+
+    def extend(
+        self, lock_token: UUID | None, lease: st.Lease, *, conn: Connection[Any] | None = None
+    ) -> datetime | None:
+        """Lease until now + lease; the new lease end, or None when stale (dq_extend)."""
+        until: datetime | None = self._value("extend", (lock_token, st.lease(lease)), conn)
+        return until
+
+    def dead_letter(
+        self, lock_token: UUID | None, error: str | None = None, *, conn: Connection[Any] | None = None
+    ) -> bool:
+        """Move the message leased under lock_token to the dead letters; False when stale."""
+        return bool(self._value("dead_letter", (lock_token, error), conn))
+
+    # every queue
+
+    def stats(self, queue: str | None = None, *, conn: Connection[Any] | None = None) -> list[QueueStats]:
+        """Ready, delayed and leased counts of every queue (of queue, if given), by name (dq_stats)."""
+        return [QueueStats(*row) for row in self._rows("stats", (queue,), conn)]
+
+    def schedules(self, queue: str | None = None, *, conn: Connection[Any] | None = None) -> list[Schedule]:
+        """The schedules of every queue (of queue, if given) with their next occurrence (dq_schedules)."""
+        rows = self._rows("schedules", (queue,), conn)
+        return [Schedule(q, n, e, z, self.codec.load(p), m, at, *rest) for q, n, e, z, p, m, at, *rest in rows]
+
+    def version(self, *, conn: Connection[Any] | None = None) -> str:
+        """The installed pgdq version."""
+        return str(self._value("version", (), conn))
+
+
+class Queue:
+    """One queue of pgdq. Every method is one SQL statement: one round trip.
+
+    source is a connection (Connection: used as it is, its transaction is
+    yours), a pool (ConnectionPool: one pooled connection per call,
+    committed on return) or a conninfo string (one autocommit connection,
+    opened on first use).
+    Methods that write take conn= to run inside your own transaction instead.
+    client is the Client (same source, schema and codec) that runs every
+    statement; the lock-token methods are its own.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        source: Source,
+        *,
+        schema: str | None = None,
+        codec: Codec | None = None,
+        payload_type: type[Any] | None = None,
+        lease: st.Lease = timedelta(minutes=5),
+    ) -> None:
+        self.name = name
+        self.codec: Codec = codec if codec is not None else JsonCodec(payload_type)
+        self.lease = st.lease(lease)
+        self.client = Client(source, schema=schema, codec=self.codec)
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection this queue opened itself (never yours or the pool)."""
+        self.client.close()
+
+    def _rows(self, method: str, params: Sequence[Any], conn: Connection[Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run the method's one statement (through the client); its rows."""
+        return self.client._rows(method, params, conn)
+
+    def _value(self, method: str, params: Sequence[Any], conn: Connection[Any] | None = None) -> Any:
+        return self.client._value(method, params, conn)
+
     def _lease(self, lease: st.Lease | None) -> timedelta | None:
         """The lease to ask for: the given one, else the queue's default."""
         return self.lease if lease is None else st.lease(lease)
@@ -153,12 +262,7 @@ class Queue:
     def _delivery(self, row: tuple[Any, ...]) -> Delivery:
         """A delivery of a row; a payload the codec rejects becomes its decode_error."""
         id_, queue, key, payload, state, scheduled_at, created_at, attempts, redelivery, token, until = row
-        decoded, error = (None, None)
-        try:
-            decoded = self.codec.load(payload)
-        except Exception as e:  # the codec is the caller's code: any error is this delivery's alone
-            error = PayloadDecodeError(f"cannot decode the payload of {key!r} in queue {queue!r}: {e!r}")
-            error.__cause__ = e
+        decoded, error = _decoded(self.codec, payload, queue, key)
         return Delivery(
             id=id_,
             queue=queue,
@@ -232,12 +336,12 @@ class Queue:
         return [self._delivery(r) for r in rows]
 
     def ack(self, lock_token: UUID | None, *, conn: Connection[Any] | None = None) -> bool:
-        """Delete the message leased under lock_token; False when stale (dq_ack)."""
-        return bool(self._value("ack", (lock_token,), conn))
+        """Delete the message leased under lock_token; False when stale (Client.ack)."""
+        return self.client.ack(lock_token, conn=conn)
 
     def ack_many(self, lock_tokens: Sequence[UUID | None] | None, *, conn: Connection[Any] | None = None) -> int:
-        """Ack a batch of tokens; how many were current (dq_ack_many)."""
-        return int(self._value("ack_many", (st.token_list(lock_tokens),), conn))
+        """Ack a batch of tokens; how many were current (Client.ack_many)."""
+        return self.client.ack_many(lock_tokens, conn=conn)
 
     def nack(
         self,
@@ -245,19 +349,19 @@ class Queue:
         retry_at: datetime | None = None,
         state: Any = None,
         *,
+        error: str | None = None,
         conn: Connection[Any] | None = None,
     ) -> bool:
-        """Give a leased message back, due at retry_at (None: now); False when stale."""
-        saved = None if state is None else self.codec.dumps(state)
-        params = (lock_token, st.aware(retry_at, "retry_at"), saved)
-        return bool(self._value("nack", params, conn))
+        """Give a leased message back, due at retry_at (None: now), saving
+        state and recording error as its last_error if given; False when
+        stale (Client.nack)."""
+        return self.client.nack(lock_token, retry_at, state, error=error, conn=conn)
 
     def extend(
         self, lock_token: UUID | None, lease: st.Lease, *, conn: Connection[Any] | None = None
     ) -> datetime | None:
-        """Lease until now + lease; the new lease end, or None when stale (dq_extend)."""
-        until: datetime | None = self._value("extend", (lock_token, st.lease(lease)), conn)
-        return until
+        """Lease until now + lease; the new lease end, or None when stale (Client.extend)."""
+        return self.client.extend(lock_token, lease, conn=conn)
 
     # managing
 
@@ -277,10 +381,39 @@ class Queue:
         """Delete every message of the queue; how many."""
         return int(self._value("purge", (self.name,), conn))
 
+    def peek(
+        self, which: str | None = None, max_count: int = 100, *, conn: Connection[Any] | None = None
+    ) -> list[PeekedMessage]:
+        """Up to max_count messages, earliest due first, without locking or
+        changing them (dq_peek): which is None (any), 'due', 'delayed' or
+        'leased'. A payload the codec cannot decode never fails the peek:
+        that message's decode_error is set (as for a delivery)."""
+        rows = self._rows("peek", (self.name, which, max_count), conn)
+        return [self._peeked(row) for row in rows]
+
+    def _peeked(self, row: tuple[Any, ...]) -> PeekedMessage:
+        """A peeked message of a dq_peek row; an undecodable payload becomes its decode_error."""
+        key, payload, state, scheduled_at, due_at, attempts, leased, lease_until, last_error = row
+        decoded, error = _decoded(self.codec, payload, self.name, key)
+        return PeekedMessage(
+            queue=self.name,
+            key=key,
+            raw_payload=payload,
+            state=state,
+            scheduled_at=scheduled_at,
+            due_at=due_at,
+            attempts=attempts,
+            leased=leased,
+            lease_until=lease_until,
+            last_error=last_error,
+            decode_error=error,
+            _decoded=decoded,
+        )
+
     def stats(self, *, conn: Connection[Any] | None = None) -> QueueStats:
         """Ready, delayed and leased counts of the queue (dq_stats)."""
-        rows = self._rows("stats", (self.name,), conn)
-        return QueueStats(*rows[0])
+        (found,) = self.client.stats(self.name, conn=conn)
+        return found
 
     def next_due(self, *, conn: Connection[Any] | None = None) -> datetime | None:
         """The earliest due time in the queue (leases by their end), or None."""
@@ -297,7 +430,7 @@ class Queue:
         self, lock_token: UUID | None, error: str | None = None, *, conn: Connection[Any] | None = None
     ) -> bool:
         """Move the message leased under lock_token to the dead letters; False when stale."""
-        return bool(self._value("dead_letter", (lock_token, error), conn))
+        return self.client.dead_letter(lock_token, error, conn=conn)
 
     def dead_letters(self, max_count: int = 100, *, conn: Connection[Any] | None = None) -> list[DeadLetter]:
         """Up to max_count dead letters, oldest failure first (dq_dead_list)."""
@@ -340,8 +473,7 @@ class Queue:
 
     def schedules(self, *, conn: Connection[Any] | None = None) -> list[Schedule]:
         """This queue's schedules with their next occurrence (dq_schedules)."""
-        rows = self._rows("schedules", (self.name,), conn)
-        return [Schedule(q, n, e, z, self.codec.load(p), m, at, *rest) for q, n, e, z, p, m, at, *rest in rows]
+        return self.client.schedules(self.name, conn=conn)
 
     def cron_install(
         self,
@@ -368,4 +500,4 @@ class Queue:
 
     def version(self, *, conn: Connection[Any] | None = None) -> str:
         """The installed pgdq version."""
-        return str(self._value("version", (), conn))
+        return self.client.version(conn=conn)

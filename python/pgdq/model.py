@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
+
+from .errors import PayloadDecodeError
 
 
 class OfferOutcome(enum.StrEnum):
@@ -44,6 +46,39 @@ class MessageInfo:
     attempts: int
     leased: bool
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class PeekedMessage:
+    """A message as dq_peek sees it (nothing locked or changed).
+
+    payload is the payload as the queue's codec decodes it; raw_payload is
+    the JSON value as stored. When the codec cannot decode it, the message
+    still comes back: decode_error holds a PayloadDecodeError (the codec's
+    exception as its __cause__) and reading payload raises it.
+    lease_until is set while leased; last_error is the error its last nack
+    recorded, if any.
+    """
+
+    queue: str
+    key: str
+    raw_payload: Any
+    state: Any
+    scheduled_at: datetime
+    due_at: datetime
+    attempts: int
+    leased: bool
+    lease_until: datetime | None
+    last_error: str | None
+    decode_error: PayloadDecodeError | None = field(default=None, compare=False)
+    _decoded: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def payload(self) -> Any:
+        """The decoded payload; raises decode_error if there is one."""
+        if self.decode_error is not None:
+            raise self.decode_error
+        return self._decoded
 
 
 @dataclass(frozen=True)

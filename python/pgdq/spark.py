@@ -22,10 +22,10 @@ from itertools import islice
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
+from . import _statements as st
 from ._sync_queue import Queue
-from .errors import InvalidArgument, PgdqError
+from .errors import InvalidArgument, PgdqError, translate
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -138,11 +138,7 @@ def _sample(row: Any, columns: tuple[str, str]) -> str:
 
 # --- reading ------------------------------------------------------------------
 
-_COLUMNS = {
-    "messages": "id, queue, key, payload::text, state::text, scheduled_at, due_at, created_at, attempts,"
-    " lock_token IS NOT NULL AND due_at > now() AS leased",
-    "dead_letters": "id, queue, key, payload::text, state::text, scheduled_at, created_at, attempts, error, failed_at",
-}
+# each source's Spark schema: the columns of dq_read_messages / dq_read_dead_letters
 _SCHEMAS = {
     "messages": "id long, queue string, key string, payload string, state string, scheduled_at timestamp,"
     " due_at timestamp, created_at timestamp, attempts int, leased boolean",
@@ -166,25 +162,39 @@ def read_dead_letters(
     return _read(spark, conninfo, "dead_letters", queue, num_partitions, schema)
 
 
-def _read(spark: Any, conninfo: str, table: str, queue: str | None, num_partitions: int, schema: str) -> Any:
-    """Export a snapshot, read its id ranges in parallel, and cache the result
-    before the snapshot's transaction ends."""
+def _read(spark: Any, conninfo: str, source: str, queue: str | None, num_partitions: int, schema: str) -> Any:
+    """Export a snapshot, read its id ranges (dq_read_bounds) in parallel,
+    and cache the result before the snapshot's transaction ends."""
     from pyspark import StorageLevel
 
     if num_partitions < 1:
         raise InvalidArgument(f"num_partitions must be positive, got {num_partitions}")
-    with psycopg.connect(conninfo) as conn:  # one transaction holds the snapshot
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        bounds = sql.SQL("SELECT pg_export_snapshot(), min(id), max(id) FROM {} WHERE %s::text IS NULL OR queue = %s")
-        row = conn.execute(bounds.format(sql.Identifier(schema, f"dq_{table}")), (queue, queue)).fetchone()
-        assert row is not None
-        snapshot, low, high = row
-        read = partial(_read_range, conninfo, snapshot, schema, table, queue)
+    with _snapshot_reader(conninfo) as conn:  # one transaction holds the snapshot
+        cur = conn.cursor()
+        ((snapshot,),) = cur.execute(st.EXPORT_SNAPSHOT).fetchall()
+        ((low, high),) = _run(cur, schema, "read_bounds", (source, queue))
+        read = partial(_read_range, conninfo, snapshot, schema, source, queue)
         ranges = _id_ranges(low, high, num_partitions)
         rdd = spark.sparkContext.parallelize(ranges, max(1, len(ranges))).flatMap(read)
-        frame = spark.createDataFrame(rdd, _SCHEMAS[table]).persist(StorageLevel.MEMORY_AND_DISK)
+        frame = spark.createDataFrame(rdd, _SCHEMAS[source]).persist(StorageLevel.MEMORY_AND_DISK)
         frame.count()  # read everything while the snapshot exists
     return frame
+
+
+def _snapshot_reader(conninfo: str) -> psycopg.Connection[Any]:
+    """A connection whose transactions read one snapshot (REPEATABLE READ, read only)."""
+    conn = psycopg.connect(conninfo)
+    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    conn.read_only = True
+    return conn
+
+
+def _run(cur: psycopg.Cursor[Any], schema: str, method: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """Run one of pgdq's statements (_statements); its rows. pgdq's errors become typed."""
+    try:
+        return cur.execute(st.statements(schema)[method], params).fetchall()
+    except psycopg.Error as e:
+        raise translate(e) from e
 
 
 def _id_ranges(low: int | None, high: int | None, parts: int) -> list[tuple[int, int]]:
@@ -196,13 +206,11 @@ def _id_ranges(low: int | None, high: int | None, parts: int) -> list[tuple[int,
 
 
 def _read_range(
-    conninfo: str, snapshot: str, schema: str, table: str, queue: str | None, bounds: tuple[int, int]
+    conninfo: str, snapshot: str, schema: str, source: str, queue: str | None, bounds: tuple[int, int]
 ) -> Iterator[tuple[Any, ...]]:
-    """One id range, inside the exported snapshot (timestamps stay aware:
-    Spark converts them from their own zone)."""
-    template = sql.SQL("SELECT {} FROM {} WHERE id >= %s AND id < %s AND (%s::text IS NULL OR queue = %s) ORDER BY id")
-    query = template.format(sql.SQL(_COLUMNS[table]), sql.Identifier(schema, f"dq_{table}"))
-    with psycopg.connect(conninfo) as conn:
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
-        yield from conn.execute(query, (bounds[0], bounds[1], queue, queue)).fetchall()
+    """One id range (dq_read_messages / dq_read_dead_letters), inside the
+    exported snapshot (timestamps stay aware: Spark converts them from their own zone)."""
+    with _snapshot_reader(conninfo) as conn:
+        cur = conn.cursor()
+        cur.execute(st.use_snapshot(snapshot))
+        yield from _run(cur, schema, f"read_{source}", (queue, bounds[0], bounds[1]))
