@@ -1,19 +1,23 @@
 # pgdq: a delayed-message queue inside PostgreSQL.
 #   make demo         set everything up and run the demo on a throwaway cluster
+#                     (DEMO_DSN=… [DEMO_YES=1]: on a database of yours, after asking)
 #   make test         set everything up and run every test (non-zero on failure)
 #   make install      PGXS: install the extension (then CREATE EXTENSION pgdq)
 #   make installcheck PGXS: pgTAP suite against the server named by PG* vars
 #   make sql          plain install script (SCHEMA=public) for managed servers
+#   make sync-code    regenerate the sync twins (python/pgdq/_sync_*.py, tests/test_*.py
+#                     from tests/test_*_async.py) and the upgrade step script
 
 EXTENSION = pgdq
 # The version being built (pgdq.control); its full script is generated from
-# sql/src. Released full scripts and the step scripts between versions are
-# committed as released (sql/pgdq--1.0.0.sql, sql/pgdq--A--B.sql).
+# sql/src by python/pgdq/_script.py. Released full scripts and the step
+# scripts between versions are committed as released (sql/pgdq--1.0.0.sql,
+# sql/pgdq--A--B.sql).
 PGDQ_VERSION := $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" pgdq.control)
 DATA_built = sql/pgdq--$(PGDQ_VERSION).sql
 DATA = $(filter-out $(DATA_built),$(wildcard sql/pgdq--*.sql))
 NO_INSTALLCHECK = 1
-EXTRA_CLEAN = build
+EXTRA_CLEAN = build $(DATA_built).tmp
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
@@ -26,8 +30,10 @@ SQL_SOURCES := $(sort $(wildcard sql/src/*.sql))
 VENV := .venv
 PY := $(VENV)/bin/python
 
-$(DATA_built): sql/extension_header.sql $(SQL_SOURCES) sql/extension_footer.sql
-	cat $^ > $@
+# python/pgdq/_script.py is the one assembler (plain python3, no packages):
+# header, sql/src in name order, the pg_dump registrations of its TABLES.
+$(DATA_built): python/pgdq/_script.py $(SQL_SOURCES)
+	python3 python/pgdq/_script.py --extension > $@.tmp && mv $@.tmp $@
 
 .PHONY: sql deps venv demo test lint installcheck pytest cluster-stop sync-code bench spark-demo
 

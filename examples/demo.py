@@ -1,9 +1,10 @@
 """pgdq demo: schedule messages a few seconds ahead plus a recurring tick,
 then consume them like a worker would (wake on dq_wakeup, sleep until the
 next due time, never a fixed poll interval) and print each delivery with its
-lateness. Uses DATABASE_URL, or the standard PG* variables.
+lateness. Uses DATABASE_URL, or the standard PG* variables; installs pgdq
+there if missing and purges the queue pgdq_demo first.
 
-    python examples/demo.py
+    python examples/demo.py       (make demo runs it on a throwaway cluster)
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pgdq import Delivery, Queue, install
 from rich.console import Console
 from rich.table import Table
 
-QUEUE = "demo"
+QUEUE = "pgdq_demo"  # a name of the demo's own: it purges the queue first
 LEASE = timedelta(seconds=30)
 TICK = timedelta(seconds=2)
 console = Console()

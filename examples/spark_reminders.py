@@ -4,7 +4,8 @@ offer_dataframe, then read back with read_queue for a report.
 
     python examples/spark_reminders.py [--users 1000000] [--parquet users.parquet]
 
-Connects with DATABASE_URL or the PG* variables; installs pgdq if missing.
+Connects with DATABASE_URL or the PG* variables; installs pgdq if missing and
+purges the queue (--queue, default pgdq_demo_reminders) first.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=1_000_000)
     parser.add_argument("--parquet", help="read users (user_id, name, timezone) from this Parquet file")
-    parser.add_argument("--queue", default="reminders")
+    parser.add_argument("--queue", default="pgdq_demo_reminders")  # purged first
     args = parser.parse_args()
     conninfo = os.environ.get("DATABASE_URL", "")
     with psycopg.connect(conninfo, autocommit=True) as conn:

@@ -1,16 +1,76 @@
 #!/usr/bin/env bash
 # `make demo` / `make spark-demo`: run an example (default examples/demo.py)
-# against DATABASE_URL, or against a throwaway cluster under .pgdq/demo when
-# no server is configured.   scripts/demo.sh [EXAMPLE.py [ARGS...]]
+# on the project's own throwaway cluster (.pgdq/demo, database pgdq_demo),
+# then print its DSN and what to try next.
+#   scripts/demo.sh [EXAMPLE.py [ARGS...]]
+# DATABASE_URL, PGDQ_DSN and the PG* variables of your shell are ignored: the
+# demo installs pgdq into, and purges a queue of, only a database it was
+# given explicitly, after saying so and asking:
+#   make demo DEMO_DSN=postgresql://…        (DEMO_YES=1 answers yes: no terminal needed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ -z "${DATABASE_URL:-}" ]; then
+
+example=${1:-examples/demo.py}
+case "$example" in
+  *spark_reminders.py) queue=pgdq_demo_reminders ;; # the examples' own queues: names no one else uses
+  *) queue=pgdq_demo ;;
+esac
+
+# forget the shell's database settings (libpq's PG* variables, not PGDQ_*_PORT)
+for var in $(compgen -e); do
+  if [[ $var =~ ^PG[A-Z]+$ ]]; then unset "$var"; fi
+done
+unset DATABASE_URL PGDQ_DSN PGDQ_SCHEMA
+
+# Ask before touching a database of the user's; false when the answer is no.
+confirm() {
+  local shown=$1 answer
+  echo "The demo will install pgdq (if missing) into schema public of $shown"
+  echo "and purge that database's queue '$queue' (its messages are deleted)."
+  [ "${DEMO_YES:-}" = 1 ] && return 0
+  if [ ! -t 0 ]; then
+    echo "demo: no terminal to ask on; run with DEMO_YES=1 to go ahead" >&2
+    return 1
+  fi
+  read -r -p "Go ahead? [y/N] " answer
+  [[ $answer =~ ^[Yy]([Ee][Ss])?$ ]]
+}
+
+if [ -n "${DEMO_DSN:-}" ]; then
+  # a password in the DSN is not echoed
+  shown=$(printf %s "$DEMO_DSN" | sed -E 's#(://[^:/@]*):[^@]*@#\1:***@#; s#(password=)[^ ]*#\1***#')
+  confirm "$shown" || { echo "demo: nothing done"; exit 1; }
+  dsn=$DEMO_DSN
+else
   scripts/pgcluster.sh start demo
-  eval "$(scripts/pgcluster.sh env demo)"
-  psql -X -q -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'pgdq_demo'" | grep -q 1 \
-    || createdb pgdq_demo
-  export PGDATABASE=pgdq_demo
-  echo "demo database: $PGHOST port $PGPORT, database pgdq_demo (stop it with: make cluster-stop)"
+  port=$(cat "$(scripts/pgcluster.sh dir demo)/port")
+  # over TCP as the cluster's superuser: works for any user, from any directory
+  dsn="postgresql://postgres@127.0.0.1:$port/pgdq_demo"
+  admin="postgresql://postgres@127.0.0.1:$port/postgres"
+  psql -X -q "$admin" -tAc "SELECT 1 FROM pg_database WHERE datname = 'pgdq_demo'" | grep -q 1 \
+    || psql -X -q "$admin" -c 'CREATE DATABASE pgdq_demo'
+  shown=$dsn
 fi
-export PYSPARK_PYTHON="$PWD/.venv/bin/python"  # Spark's executors run the same Python
-exec .venv/bin/python "${1:-examples/demo.py}" "${@:2}"
+
+export DATABASE_URL=$dsn
+export PYSPARK_PYTHON="$PWD/.venv/bin/python" # Spark's executors run the same Python
+.venv/bin/python "$example" "${@:2}"
+
+if [ -n "${DEMO_DSN:-}" ]; then
+  url="'<the DEMO_DSN you gave>'" # not echoed: it may hold a password
+else
+  url=$dsn
+fi
+cat <<STEPS
+
+Demo database: $shown
+Next steps, from this directory (then every snippet of README.md runs as shown):
+  export DATABASE_URL=$url
+  source .venv/bin/activate                               # python with pgdq, and the pgdq command
+  psql "\$DATABASE_URL" -c 'SELECT * FROM dq_stats()'     # the SQL API
+  python -c 'import os; from pgdq import Queue; print(Queue("orders", os.environ["DATABASE_URL"]).offer("hello", {"hi": 1}).value)'
+  (cd examples && pgdq worker --queue orders --handler tasks:log_delivery)   # logs each delivery; Ctrl-C stops it
+STEPS
+if [ -z "${DEMO_DSN:-}" ]; then
+  echo "The demo cluster keeps running; stop it with: scripts/pgcluster.sh stop demo (or make cluster-stop)"
+fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the system packages pgdq's build and tests need, when missing:
-# PGXS (postgresql-server-dev-15), pgTAP and pg_prove, and Java 17 for the
-# Spark tests and demo. Debian/Ubuntu, as root.
+# PGXS (postgresql-server-dev-15), pgTAP and pg_prove, python3 with venv
+# (.venv; make assembles the extension script with python3), and Java 17 for
+# the Spark tests and demo. Debian/Ubuntu, as root.
 set -euo pipefail
 
 sharedir=$(pg_config --sharedir 2>/dev/null || echo /usr/share/postgresql/15)
@@ -10,6 +11,8 @@ missing=()
 [ -f "$(pg_config --pgxs 2>/dev/null || echo /nonexistent)" ] || missing+=(postgresql-server-dev-15)
 [ -f "$sharedir/extension/pgtap.control" ] || missing+=(postgresql-15-pgtap)
 command -v pg_prove >/dev/null || missing+=(libtap-parser-sourcehandler-pgtap-perl)
+command -v python3 >/dev/null || missing+=(python3)
+python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 
 [ ${#missing[@]} -eq 0 ] && exit 0

@@ -1,7 +1,8 @@
-"""Both install paths (extension and plain SQL), repeated installs, search_path
-hijacking, the GRANTs the README documents for producers and consumers, schema
-names the scripts cannot embed, uninstall keeping users' objects, and the
-server's warnings shown at install and upgrade."""
+"""Both install paths (extension and plain SQL), repeated installs, the one
+list of pgdq's tables, search_path hijacking, the GRANTs the README documents
+for producers and consumers, schema names the scripts cannot embed, uninstall
+keeping users' objects, and the server's warnings shown at install and
+upgrade."""
 
 from __future__ import annotations
 
@@ -18,12 +19,13 @@ from typing import Any
 import pgdq
 import psycopg
 import pytest
-from conftest import dsn, recreate_database
+from conftest import DB, dsn, recreate_database
 from pgdq import AlreadyInstalled, InvalidArgument, PgdqError, Queue, install, uninstall
-from pgdq._script import released_install_script
+from pgdq._script import SEQUENCES, TABLES, grants_script, quote_ident, released_install_script
 from pgdq.install import ServerWarning, installed_version, upgrade
 
 ROOT = Path(__file__).resolve().parent.parent
+SCRATCH = f"{DB}_scratch_install"  # beside the session's database, so suites in other databases do not meet
 
 
 def pgdq_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -39,9 +41,9 @@ def pgdq_cli(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def scratch(database: str) -> Iterator[str]:
     """A fresh empty database; its conninfo."""
-    recreate_database("pgdq_scratch_install")
-    yield dsn("pgdq_scratch_install")
-    recreate_database("pgdq_scratch_install")
+    recreate_database(SCRATCH)
+    yield dsn(SCRATCH)
+    recreate_database(SCRATCH)
 
 
 def functions_in(conn: psycopg.Connection[Any], schema: str) -> int:
@@ -131,6 +133,34 @@ def test_extension_install(scratch: str) -> None:
         assert functions_in(conn, "q") == 0
 
 
+def relations(conn: psycopg.Connection[Any], schema: str) -> tuple[set[str], set[str]]:
+    """The tables and the sequences in schema."""
+    rows = conn.execute(
+        "SELECT relkind::text, relname FROM pg_class"
+        " WHERE relnamespace = %s::regnamespace AND relkind IN ('r', 'p', 'S')",
+        (quote_ident(schema),),
+    ).fetchall()
+    return {name for kind, name in rows if kind != "S"}, {name for kind, name in rows if kind == "S"}
+
+
+def test_the_one_table_list_is_what_the_install_creates(scratch: str) -> None:
+    """_script.TABLES and SEQUENCES (which the extension registers with pg_dump,
+    uninstall drops and the README's GRANTs come from) are exactly the tables
+    and sequences either install creates: a new table must be listed there."""
+    listed = (set(TABLES), set(SEQUENCES))
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        install(conn, "plain")
+        assert relations(conn, "plain") == listed
+        conn.execute("CREATE SCHEMA ext; CREATE EXTENSION pgdq SCHEMA ext")
+        assert relations(conn, "ext") == listed
+        dumped = conn.execute(
+            "SELECT x::regclass::text FROM pg_extension, unnest(extconfig) AS x WHERE extname = 'pgdq'"
+        ).fetchall()
+        assert {name.removeprefix("ext.") for (name,) in dumped} == set(TABLES) | set(SEQUENCES)
+        uninstall(conn, "plain")
+        assert relations(conn, "plain") == (set(), set())
+
+
 def test_search_path_cannot_hijack(database: str, queue_name: str) -> None:
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("DROP SCHEMA IF EXISTS evil CASCADE")
@@ -153,6 +183,9 @@ def test_search_path_cannot_hijack(database: str, queue_name: str) -> None:
 def test_documented_grants(database: str, queue_name: str) -> None:
     readme = (ROOT / "README.md").read_text()
     grants = readme.split("<!-- grants -->")[1]
+    assert grants.strip().removeprefix("```sql").removesuffix("```").lstrip("\n") == grants_script(), (
+        "the README's GRANTs are `python3 python/pgdq/_script.py --grants`, as generated"
+    )
     statements = [line for line in grants.splitlines() if line.startswith(("GRANT", "CREATE ROLE"))]
     assert statements, "the README documents the GRANTs"
     with psycopg.connect(database, autocommit=True) as admin, documented_roles(admin):

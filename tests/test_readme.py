@@ -1,0 +1,252 @@
+"""The README runs as shown: every fenced code block, in the state `make demo`
+leaves (DATABASE_URL naming a database with pgdq, .venv's python and pgdq
+first on PATH, the checkout as working directory).
+
+All blocks run in one fresh database, as a reader's would: the SQL blocks
+first, then the Python, then the shell, each language in the README's order
+(a block may use what an earlier one of its language made, and must cope
+with what the others left). ```sql blocks run with `psql -X -v
+ON_ERROR_STOP=1`, ```python blocks in one interpreter (one namespace;
+tracebacks give README line numbers), ```sh blocks with `bash -e -o
+pipefail`. An HTML comment right above a block changes that:
+`<!-- not run: why -->` skips it (reported as a skipped test with the
+reason), `<!-- runs until stopped: … -->` runs it alone, requires it to be
+still running after 3 s, then sends SIGTERM and expects exit 0. A block in
+any other language (or none) fails the test: say what it is. The README's
+layout table must name real files, every module of python/pgdq, and its
+relative links must lead somewhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import DB, install_extension, recreate_database
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+# the package's own readme (python/pyproject.toml ships it): its blocks run after README.md's
+READMES = (README, ROOT / "python/README.md")
+LANGUAGES = {"sql": "sql", "python": "python", "sh": "sh", "bash": "sh", "console": "sh"}
+RUNNING_FOR = 3.0  # seconds a "runs until stopped" block must keep running
+
+
+@dataclass(frozen=True)
+class Block:
+    """A fenced code block: its language, first code line (1-based), code, and
+    the HTML comments right above its fence."""
+
+    path: str  # relative to the checkout
+    language: str
+    line: int
+    code: str
+    notes: tuple[str, ...]
+
+    @property
+    def skip_reason(self) -> str | None:
+        """Why the block is not run, if a `<!-- not run… -->` note says so."""
+        for note in self.notes:
+            if note.startswith("<!-- not run"):
+                return note.removeprefix("<!--").removesuffix("-->").strip()
+        return None
+
+    @property
+    def runs_until_stopped(self) -> bool:
+        return any(note.startswith("<!-- runs until stopped") for note in self.notes)
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line} ({self.language})"
+
+
+def readme_blocks(path: Path) -> list[Block]:
+    """The fenced code blocks of a Markdown file, in order."""
+    lines = path.read_text().splitlines()
+    found: list[Block] = []
+    index = 0
+    while index < len(lines):
+        fence = re.fullmatch(r"```(\S*)\s*", lines[index])
+        if fence is None:
+            index += 1
+            continue
+        end = next(i for i in range(index + 1, len(lines)) if lines[i].startswith("```"))
+        notes: list[str] = []
+        above = index - 1
+        while above >= 0 and lines[above].startswith("<!--"):
+            notes.insert(0, lines[above])
+            above -= 1
+        code = "\n".join(lines[index + 1 : end]) + "\n"
+        found.append(Block(str(path.relative_to(ROOT)), fence.group(1), index + 2, code, tuple(notes)))
+        index = end + 1
+    return found
+
+
+BLOCKS = [block for path in READMES for block in readme_blocks(path)]
+
+
+def runnable(language: str) -> list[Block]:
+    """The blocks of a language run in order together."""
+    return [
+        b
+        for b in BLOCKS
+        if LANGUAGES.get(b.language) == language and b.skip_reason is None and not b.runs_until_stopped
+    ]
+
+
+# -- the state `make demo` leaves ---------------------------------------------------------
+
+
+def conninfo(dbname: str) -> str:
+    """A DSN naming everything (as make demo prints one): the PG* variables' server."""
+    parts = {"dbname": dbname}
+    for key, var in (("host", "PGHOST"), ("port", "PGPORT"), ("user", "PGUSER")):
+        if os.environ.get(var):
+            parts[key] = os.environ[var]
+    return psycopg.conninfo.make_conninfo(**parts)
+
+
+@pytest.fixture(scope="module")
+def demo_env(database: str) -> Iterator[dict[str, str]]:
+    """A fresh database with pgdq, and the environment make demo's next steps
+    set up: DATABASE_URL and .venv first on PATH (the shell's PG* are dropped,
+    so the blocks use DATABASE_URL alone). One for the whole README, as a
+    reader has: the languages run one after the other in it."""
+    name = f"{DB}_readme"
+    recreate_database(name)
+    with psycopg.connect(conninfo(name), autocommit=True) as conn:
+        install_extension(conn)
+    env = {k: v for k, v in os.environ.items() if not re.fullmatch(r"PG[A-Z]+|PGDQ_\w+|DATABASE_URL", k)}
+    venv = Path(sys.executable).parent
+    env.update(
+        DATABASE_URL=conninfo(name), PATH=f"{venv}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv.parent)
+    )
+    yield env
+    with psycopg.connect(conninfo("postgres"), autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def run(args: list[str], env: dict[str, str], what: object, stdin: str | None = None) -> str:
+    """Run a command in the checkout; its output, or a failure naming what it runs."""
+    done = subprocess.run(
+        args, cwd=ROOT, env=env, input=stdin, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, f"{what} failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}"
+    return str(done.stdout)
+
+
+# -- the blocks ---------------------------------------------------------------------------
+
+
+def test_sql_blocks(demo_env: dict[str, str]) -> None:
+    blocks = runnable("sql")
+    assert blocks, "the README has SQL to run"
+    for block in blocks:
+        run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", demo_env["DATABASE_URL"]], demo_env, block, block.code)
+
+
+# Runs the READMEs' Python blocks in one namespace, each compiled at its line
+# of its file so that a traceback points there.
+PYTHON_DRIVER = """
+import json, sys
+namespace = {"__name__": "__main__"}
+for path, line, code in json.load(open(sys.argv[1])):
+    print(f"--- {path}:{line}", flush=True)
+    exec(compile("\\n" * (line - 1) + code, path, "exec"), namespace)
+"""
+
+
+def test_python_blocks(demo_env: dict[str, str], tmp_path: Path) -> None:
+    blocks = runnable("python")
+    assert blocks, "the README has Python to run"
+    script = tmp_path / "blocks.json"
+    script.write_text(json.dumps([[b.path, b.line, b.code] for b in blocks]))
+    run([sys.executable, "-c", PYTHON_DRIVER, str(script)], demo_env, "the READMEs' python blocks")
+
+
+def test_shell_blocks(demo_env: dict[str, str]) -> None:
+    blocks = runnable("sh")
+    assert blocks, "the README has shell commands to run"
+    for block in blocks:
+        run(["bash", "-e", "-o", "pipefail", "-c", block.code], demo_env, block)
+
+
+def long_running() -> list[Block]:
+    return [b for b in BLOCKS if b.runs_until_stopped and b.skip_reason is None]
+
+
+@pytest.mark.parametrize("block", long_running(), ids=str)
+def test_blocks_that_run_until_stopped(block: Block, demo_env: dict[str, str], tmp_path: Path) -> None:
+    if LANGUAGES.get(block.language) == "python":
+        script = tmp_path / "block.py"  # padded: a traceback's line numbers are the README's
+        script.write_text("\n" * (block.line - 1) + block.code)
+        args = [sys.executable, str(script)]
+    else:
+        args = ["bash", "-e", "-o", "pipefail", "-c", block.code]
+    process = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        env=demo_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        time.sleep(RUNNING_FOR)
+        assert process.poll() is None, f"{block} ended early (exit {process.returncode}):\n{process.communicate()[0]}"
+        os.killpg(process.pid, signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+        assert process.returncode == 0, f"{block}: exit {process.returncode} after SIGTERM:\n{output}"
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.skip_reason], ids=str)
+def test_blocks_not_run_say_why(block: Block) -> None:
+    """Reported as skipped, with the README's reason (pytest -rs lists them)."""
+    assert len(block.skip_reason or "") > len("not run: "), f"{block}: say why it is not run"
+    pytest.skip(f"{block}: {block.skip_reason}")
+
+
+def test_every_block_is_code_the_test_knows() -> None:
+    unknown = [str(b) for b in BLOCKS if b.language not in LANGUAGES]
+    assert not unknown, f"blocks in no language the test runs (label them sql, python or sh): {unknown}"
+    assert runnable("sql") and runnable("python") and runnable("sh")
+
+
+# -- what the README says about the repository --------------------------------------------
+
+
+def layout_section() -> str:
+    text = README.read_text()
+    return text.split("## Layout", 1)[1].split("\n## ", 1)[0]
+
+
+def test_layout_names_real_files_and_every_module() -> None:
+    table = [line for line in layout_section().splitlines() if line.startswith("| `")]
+    paths = [p for line in table for p in re.findall(r"`([^`\s]+)`", line.split(" | ")[0])]
+    missing = [p for p in paths if not list(ROOT.glob(p.rstrip("/")))]
+    assert not missing, f"the README's layout names paths that do not exist: {missing}"
+    named = set(paths)
+    modules = sorted(str(m.relative_to(ROOT)) for m in (ROOT / "python/pgdq").glob("*.py") if m.name != "__init__.py")
+    unnamed = [m for m in modules if m not in named]
+    assert not unnamed, f"the README's layout does not name these modules: {unnamed}"
+
+
+def test_relative_links_lead_somewhere() -> None:
+    for readme in READMES:
+        links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme.read_text())
+        broken = [t for t in links if "://" in t or not (readme.parent / t).exists()]
+        assert not broken, f"links in {readme.relative_to(ROOT)} that lead outside the repository or nowhere: {broken}"
