@@ -6,7 +6,7 @@ writes bench/results/<time>.json.
     python bench/bench.py [--systems pgdq,"raw SQL"] [--workloads W1,W2,...] [--repeat 3] [--quick]
 
 W1-W3 run --repeat times per system, the systems taking turns, and the table
-shows the median: this 2-core machine is shared, and a single run moves by
+shows the median: the machine (README, "Numbers": 2 shared vCPU) is shared, and a single run moves by
 10-20 %.
 """
 

@@ -7,12 +7,13 @@ import os
 import re
 import shlex
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from pgdq import AsyncQueue, Queue
 from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,3 +89,19 @@ def queue_name(request: pytest.FixtureRequest, database: str) -> Iterator[str]:
         c.execute("SELECT dq_purge(%s)", (name,))
         yield name
         c.execute("SELECT dq_purge(%s)", (name,))
+
+
+@pytest.fixture
+async def aq(database: str, queue_name: str) -> AsyncIterator[AsyncQueue]:
+    """This test's queue (asyncio), over an autocommit connection of its own."""
+    async with AsyncQueue(queue_name, database) as queue:
+        yield queue
+
+
+@pytest.fixture
+def q(database: str, queue_name: str) -> Iterator[Queue]:
+    """This test's queue (blocking), over an autocommit connection of its own:
+    the sync twin of aq, which generated tests (tests/test_*.py from
+    tests/test_*_async.py) ask for."""
+    with Queue(queue_name, database) as queue:
+        yield queue

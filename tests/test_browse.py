@@ -21,13 +21,6 @@ class Job:
 
 
 @pytest.fixture
-def q(database: str, queue_name: str) -> Iterator[Queue]:
-    """The test's queue, on its own connection."""
-    with Queue(queue_name, database) as queue:
-        yield queue
-
-
-@pytest.fixture
 def other(database: str, queue_name: str) -> Iterator[Queue]:
     """A second queue of the test's own, purged before and after."""
     with Queue(queue_name[:90] + "_other", database) as queue:

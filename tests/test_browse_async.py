@@ -20,13 +20,6 @@ class Job:
 
 
 @pytest.fixture
-async def aq(database: str, queue_name: str) -> AsyncIterator[AsyncQueue]:
-    """The test's queue, on its own connection."""
-    async with AsyncQueue(queue_name, database) as queue:
-        yield queue
-
-
-@pytest.fixture
 async def other(database: str, queue_name: str) -> AsyncIterator[AsyncQueue]:
     """A second queue of the test's own, purged before and after."""
     async with AsyncQueue(queue_name[:90] + "_other", database) as queue:

@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from datetime import time as clock
 from typing import Any
@@ -25,13 +24,6 @@ import pytest
 from pgdq import InvalidArgument, Queue
 from pgdq._compat import gather, sleep, spawn
 from pgdq.cron import CronService, daily_plan
-
-
-@pytest.fixture
-def q(database: str, queue_name: str) -> Iterator[Queue]:
-    """This test's queue, over an autocommit connection of its own."""
-    with Queue(queue_name, database) as queue:
-        yield queue
 
 
 def consume(database: str, queue: str, seconds: float, workers: int = 5) -> Counter[str]:

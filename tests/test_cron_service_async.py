@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from datetime import time as clock
 from typing import Any
@@ -24,13 +23,6 @@ import pytest
 from pgdq import AsyncQueue, InvalidArgument
 from pgdq._compat import agather, asleep, aspawn
 from pgdq.cron import AsyncCronService, daily_plan
-
-
-@pytest.fixture
-async def aq(database: str, queue_name: str) -> AsyncIterator[AsyncQueue]:
-    """This test's queue, over an autocommit connection of its own."""
-    async with AsyncQueue(queue_name, database) as queue:
-        yield queue
 
 
 async def consume(database: str, queue: str, seconds: float, workers: int = 5) -> Counter[str]:

@@ -8,7 +8,6 @@ from tests/test_queue_async.py: each test runs against both APIs.)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
@@ -30,13 +29,6 @@ class CountingCursor(psycopg.Cursor[Any]):
         CountingCursor.statements.append(query)
         super().execute(query, params, **kwargs)
         return self
-
-
-@pytest.fixture
-def q(database: str, queue_name: str) -> Iterator[Queue]:
-    """This test's queue, over an autocommit connection of its own."""
-    with Queue(queue_name, database) as queue:
-        yield queue
 
 
 def future(seconds: float) -> datetime:

@@ -7,7 +7,6 @@ from tests/test_queue_async.py: each test runs against both APIs.)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
@@ -38,13 +37,6 @@ class CountingCursor(psycopg.AsyncCursor[Any]):
         CountingCursor.statements.append(query)
         await super().execute(query, params, **kwargs)
         return self
-
-
-@pytest.fixture
-async def aq(database: str, queue_name: str) -> AsyncIterator[AsyncQueue]:
-    """This test's queue, over an autocommit connection of its own."""
-    async with AsyncQueue(queue_name, database) as queue:
-        yield queue
 
 
 def future(seconds: float) -> datetime:

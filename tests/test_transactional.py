@@ -6,18 +6,8 @@ both APIs.)"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psycopg
-import pytest
 from pgdq import OfferOutcome, Queue
-
-
-@pytest.fixture
-def q(database: str, queue_name: str) -> Iterator[Queue]:
-    """This test's queue, over an autocommit connection of its own."""
-    with Queue(queue_name, database) as queue:
-        yield queue
 
 
 def test_rollback_leaves_no_message(q: Queue, database: str) -> None:

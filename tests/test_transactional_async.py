@@ -5,18 +5,8 @@ both APIs.)"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import psycopg
-import pytest
 from pgdq import AsyncQueue, OfferOutcome
-
-
-@pytest.fixture
-async def aq(database: str, queue_name: str) -> AsyncIterator[AsyncQueue]:
-    """This test's queue, over an autocommit connection of its own."""
-    async with AsyncQueue(queue_name, database) as queue:
-        yield queue
 
 
 async def test_rollback_leaves_no_message(aq: AsyncQueue, database: str) -> None:
