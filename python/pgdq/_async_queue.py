@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Self
 from uuid import UUID
 
 import psycopg
@@ -24,6 +24,7 @@ from .codec import Codec, JsonCodec, dumps_array
 from .errors import PayloadDecodeError, StaleToken, translate
 from .model import (
     DeadLetter,
+    DecodedPayload,
     Message,
     MessageInfo,
     OfferOutcome,
@@ -39,7 +40,7 @@ AsyncSource = AsyncConnection[Any] | AsyncConnectionPool[Any] | str
 
 
 @dataclass(frozen=True)
-class AsyncDelivery:
+class AsyncDelivery(DecodedPayload):
     """A leased message (all dq_delivery fields) with its ack/nack/extend.
 
     payload is the payload as the queue's codec decodes it; raw_payload is
@@ -64,13 +65,6 @@ class AsyncDelivery:
     source: AsyncQueue = field(repr=False, compare=False)
     decode_error: PayloadDecodeError | None = field(default=None, compare=False)
     _decoded: Any = field(default=None, repr=False, compare=False)
-
-    @property
-    def payload(self) -> Any:
-        """The decoded payload; raises decode_error if there is one."""
-        if self.decode_error is not None:
-            raise self.decode_error
-        return self._decoded
 
     async def ack(self, *, conn: AsyncConnection[Any] | None = None) -> None:
         """Delete the message; StaleToken if this delivery is no longer current."""
@@ -113,31 +107,35 @@ def _decoded(codec: Codec, payload: Any, queue: str, key: str) -> tuple[Any, Pay
         return None, error
 
 
-class AsyncClient:
-    """What belongs to no one queue of pgdq: lock tokens (ack, nack, extend,
-    dead_letter), the stats and schedules of every queue, the version.
-    Every method is one SQL statement; AsyncQueue runs its own through one.
+def _schedules(codec: Codec, rows: list[tuple[Any, ...]]) -> list[Schedule]:
+    """dq_schedules rows as Schedules, payloads decoded."""
+    return [Schedule(q, n, e, z, codec.load(p), m, at, *rest) for q, n, e, z, p, m, at, *rest in rows]
+
+
+class _AsyncBase:
+    """What AsyncClient and AsyncQueue share: a source of connections, one
+    SQL statement a method, and the lock-token methods (a token names its
+    message whatever the queue).
 
     source is a connection (used as it is, its transaction is yours), a pool
     (one pooled connection per call, committed on return) or a conninfo
-    string (one autocommit connection, opened on first use). codec encodes
-    nack states and decodes schedule payloads (default: JSON values).
+    string (one autocommit connection, opened on first use).
     """
 
-    def __init__(self, source: AsyncSource, *, schema: str | None = None, codec: Codec | None = None) -> None:
-        self.codec: Codec = codec if codec is not None else JsonCodec()
+    def __init__(self, source: AsyncSource, *, schema: str | None, codec: Codec) -> None:
+        self.codec = codec
         self._source = source
         self._own: AsyncConnection[Any] | None = None
         self._sql = st.statements(schema)
 
-    async def __aenter__(self) -> AsyncClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def close(self) -> None:
-        """Close the connection this client opened itself (never yours or the pool)."""
+        """Close the connection opened here (never yours or the pool's)."""
         if self._own is not None:
             await self._own.close()
             self._own = None
@@ -170,6 +168,10 @@ class AsyncClient:
     async def _value(self, method: str, params: Sequence[Any], conn: AsyncConnection[Any] | None = None) -> Any:
         rows = await self._rows(method, params, conn)
         return rows[0][0]
+
+    async def version(self, *, conn: AsyncConnection[Any] | None = None) -> str:
+        """The installed pgdq version."""
+        return str(await self._value("version", (), conn))
 
     # lock tokens, whatever their queue
 
@@ -211,6 +213,17 @@ class AsyncClient:
         """Move the message leased under lock_token to the dead letters; False when stale."""
         return bool(await self._value("dead_letter", (lock_token, error), conn))
 
+
+class AsyncClient(_AsyncBase):
+    """What belongs to no one queue of pgdq: lock tokens (ack, nack, extend,
+    dead_letter), the stats and schedules of every queue, the version. Every
+    method is one SQL statement. source as for AsyncQueue; codec encodes nack
+    states and decodes schedule payloads (default: JSON values).
+    """
+
+    def __init__(self, source: AsyncSource, *, schema: str | None = None, codec: Codec | None = None) -> None:
+        super().__init__(source, schema=schema, codec=codec if codec is not None else JsonCodec())
+
     # every queue
 
     async def stats(self, queue: str | None = None, *, conn: AsyncConnection[Any] | None = None) -> list[QueueStats]:
@@ -219,15 +232,10 @@ class AsyncClient:
 
     async def schedules(self, queue: str | None = None, *, conn: AsyncConnection[Any] | None = None) -> list[Schedule]:
         """The schedules of every queue (of queue, if given) with their next occurrence (dq_schedules)."""
-        rows = await self._rows("schedules", (queue,), conn)
-        return [Schedule(q, n, e, z, self.codec.load(p), m, at, *rest) for q, n, e, z, p, m, at, *rest in rows]
-
-    async def version(self, *, conn: AsyncConnection[Any] | None = None) -> str:
-        """The installed pgdq version."""
-        return str(await self._value("version", (), conn))
+        return _schedules(self.codec, await self._rows("schedules", (queue,), conn))
 
 
-class AsyncQueue:
+class AsyncQueue(_AsyncBase):
     """One queue of pgdq. Every method is one SQL statement: one round trip.
 
     source is a connection (AsyncConnection: used as it is, its transaction is
@@ -235,8 +243,8 @@ class AsyncQueue:
     committed on return) or a conninfo string (one autocommit connection,
     opened on first use).
     Methods that write take conn= to run inside your own transaction instead.
-    client is the AsyncClient (same source, schema and codec) that runs every
-    statement; the lock-token methods are its own.
+    The lock-token methods (ack, ack_many, nack, extend, dead_letter) and
+    version are the same as AsyncClient's (one base class).
     """
 
     def __init__(
@@ -249,29 +257,9 @@ class AsyncQueue:
         payload_type: type[Any] | None = None,
         lease: st.Lease = timedelta(minutes=5),
     ) -> None:
+        super().__init__(source, schema=schema, codec=codec if codec is not None else JsonCodec(payload_type))
         self.name = name
-        self.codec: Codec = codec if codec is not None else JsonCodec(payload_type)
         self.lease = st.lease(lease)
-        self.client = AsyncClient(source, schema=schema, codec=self.codec)
-
-    async def __aenter__(self) -> AsyncQueue:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        """Close the connection this queue opened itself (never yours or the pool)."""
-        await self.client.close()
-
-    async def _rows(
-        self, method: str, params: Sequence[Any], conn: AsyncConnection[Any] | None = None
-    ) -> list[tuple[Any, ...]]:
-        """Run the method's one statement (through the client); its rows."""
-        return await self.client._rows(method, params, conn)
-
-    async def _value(self, method: str, params: Sequence[Any], conn: AsyncConnection[Any] | None = None) -> Any:
-        return await self.client._value(method, params, conn)
 
     def _lease(self, lease: st.Lease | None) -> timedelta | None:
         """The lease to ask for: the given one, else the queue's default."""
@@ -355,36 +343,6 @@ class AsyncQueue:
             rows = await self._rows("ack_poll", params, conn)
         return [self._delivery(r) for r in rows]
 
-    async def ack(self, lock_token: UUID | None, *, conn: AsyncConnection[Any] | None = None) -> bool:
-        """Delete the message leased under lock_token; False when stale (AsyncClient.ack)."""
-        return await self.client.ack(lock_token, conn=conn)
-
-    async def ack_many(
-        self, lock_tokens: Sequence[UUID | None] | None, *, conn: AsyncConnection[Any] | None = None
-    ) -> int:
-        """Ack a batch of tokens; how many were current (AsyncClient.ack_many)."""
-        return await self.client.ack_many(lock_tokens, conn=conn)
-
-    async def nack(
-        self,
-        lock_token: UUID | None,
-        retry_at: datetime | None = None,
-        state: Any = None,
-        *,
-        error: str | None = None,
-        conn: AsyncConnection[Any] | None = None,
-    ) -> bool:
-        """Give a leased message back, due at retry_at (None: now), saving
-        state and recording error as its last_error if given; False when
-        stale (AsyncClient.nack)."""
-        return await self.client.nack(lock_token, retry_at, state, error=error, conn=conn)
-
-    async def extend(
-        self, lock_token: UUID | None, lease: st.Lease, *, conn: AsyncConnection[Any] | None = None
-    ) -> datetime | None:
-        """Lease until now + lease; the new lease end, or None when stale (AsyncClient.extend)."""
-        return await self.client.extend(lock_token, lease, conn=conn)
-
     # managing
 
     async def cancel(self, key: str, *, conn: AsyncConnection[Any] | None = None) -> bool:
@@ -434,8 +392,8 @@ class AsyncQueue:
 
     async def stats(self, *, conn: AsyncConnection[Any] | None = None) -> QueueStats:
         """Ready, delayed and leased counts of the queue (dq_stats)."""
-        (found,) = await self.client.stats(self.name, conn=conn)
-        return found
+        (found,) = await self._rows("stats", (self.name,), conn)
+        return QueueStats(*found)
 
     async def next_due(self, *, conn: AsyncConnection[Any] | None = None) -> datetime | None:
         """The earliest due time in the queue (leases by their end), or None."""
@@ -447,12 +405,6 @@ class AsyncQueue:
     async def configure(self, *, max_attempts: int | None, conn: AsyncConnection[Any] | None = None) -> None:
         """Set the queue's max_attempts (None: no limit); polls enforce it (dq_configure)."""
         await self._rows("configure", (self.name, max_attempts), conn)
-
-    async def dead_letter(
-        self, lock_token: UUID | None, error: str | None = None, *, conn: AsyncConnection[Any] | None = None
-    ) -> bool:
-        """Move the message leased under lock_token to the dead letters; False when stale."""
-        return await self.client.dead_letter(lock_token, error, conn=conn)
 
     async def dead_letters(self, max_count: int = 100, *, conn: AsyncConnection[Any] | None = None) -> list[DeadLetter]:
         """Up to max_count dead letters, oldest failure first (dq_dead_list)."""
@@ -499,7 +451,7 @@ class AsyncQueue:
 
     async def schedules(self, *, conn: AsyncConnection[Any] | None = None) -> list[Schedule]:
         """This queue's schedules with their next occurrence (dq_schedules)."""
-        return await self.client.schedules(self.name, conn=conn)
+        return _schedules(self.codec, await self._rows("schedules", (self.name,), conn))
 
     async def cron_install(
         self,
@@ -523,7 +475,3 @@ class AsyncQueue:
     ) -> int:
         """Delete key_prefix's pending occurrences (only config_hash's if given)."""
         return int(await self._value("cron_uninstall", (self.name, key_prefix, config_hash), conn))
-
-    async def version(self, *, conn: AsyncConnection[Any] | None = None) -> str:
-        """The installed pgdq version."""
-        return await self.client.version(conn=conn)

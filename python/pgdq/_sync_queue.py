@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Self
 from uuid import UUID
 
 import psycopg
@@ -20,14 +20,24 @@ from psycopg_pool import ConnectionPool
 from . import _statements as st
 from .codec import Codec, JsonCodec, dumps_array
 from .errors import PayloadDecodeError, StaleToken, translate
-from .model import DeadLetter, Message, MessageInfo, OfferOutcome, OfferResult, PeekedMessage, QueueStats, Schedule
+from .model import (
+    DeadLetter,
+    DecodedPayload,
+    Message,
+    MessageInfo,
+    OfferOutcome,
+    OfferResult,
+    PeekedMessage,
+    QueueStats,
+    Schedule,
+)
 
 _OUTCOMES = {o.value: o for o in OfferOutcome}
 Source = Connection[Any] | ConnectionPool[Any] | str
 
 
 @dataclass(frozen=True)
-class Delivery:
+class Delivery(DecodedPayload):
     """A leased message (all dq_delivery fields) with its ack/nack/extend.
 
     payload is the payload as the queue's codec decodes it; raw_payload is
@@ -52,13 +62,6 @@ class Delivery:
     source: Queue = field(repr=False, compare=False)
     decode_error: PayloadDecodeError | None = field(default=None, compare=False)
     _decoded: Any = field(default=None, repr=False, compare=False)
-
-    @property
-    def payload(self) -> Any:
-        """The decoded payload; raises decode_error if there is one."""
-        if self.decode_error is not None:
-            raise self.decode_error
-        return self._decoded
 
     def ack(self, *, conn: Connection[Any] | None = None) -> None:
         """Delete the message; StaleToken if this delivery is no longer current."""
@@ -101,31 +104,35 @@ def _decoded(codec: Codec, payload: Any, queue: str, key: str) -> tuple[Any, Pay
         return (None, error)
 
 
-class Client:
-    """What belongs to no one queue of pgdq: lock tokens (ack, nack, extend,
-    dead_letter), the stats and schedules of every queue, the version.
-    Every method is one SQL statement; Queue runs its own through one.
+def _schedules(codec: Codec, rows: list[tuple[Any, ...]]) -> list[Schedule]:
+    """dq_schedules rows as Schedules, payloads decoded."""
+    return [Schedule(q, n, e, z, codec.load(p), m, at, *rest) for q, n, e, z, p, m, at, *rest in rows]
+
+
+class _Base:
+    """What Client and Queue share: a source of connections, one
+    SQL statement a method, and the lock-token methods (a token names its
+    message whatever the queue).
 
     source is a connection (used as it is, its transaction is yours), a pool
     (one pooled connection per call, committed on return) or a conninfo
-    string (one autocommit connection, opened on first use). codec encodes
-    nack states and decodes schedule payloads (default: JSON values).
+    string (one autocommit connection, opened on first use).
     """
 
-    def __init__(self, source: Source, *, schema: str | None = None, codec: Codec | None = None) -> None:
-        self.codec: Codec = codec if codec is not None else JsonCodec()
+    def __init__(self, source: Source, *, schema: str | None, codec: Codec) -> None:
+        self.codec = codec
         self._source = source
         self._own: Connection[Any] | None = None
         self._sql = st.statements(schema)
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
-        """Close the connection this client opened itself (never yours or the pool)."""
+        """Close the connection opened here (never yours or the pool's)."""
         if self._own is not None:
             self._own.close()
             self._own = None
@@ -156,6 +163,10 @@ class Client:
     def _value(self, method: str, params: Sequence[Any], conn: Connection[Any] | None = None) -> Any:
         rows = self._rows(method, params, conn)
         return rows[0][0]
+
+    def version(self, *, conn: Connection[Any] | None = None) -> str:
+        """The installed pgdq version."""
+        return str(self._value("version", (), conn))
 
     # lock tokens, whatever their queue
 
@@ -195,6 +206,17 @@ class Client:
         """Move the message leased under lock_token to the dead letters; False when stale."""
         return bool(self._value("dead_letter", (lock_token, error), conn))
 
+
+class Client(_Base):
+    """What belongs to no one queue of pgdq: lock tokens (ack, nack, extend,
+    dead_letter), the stats and schedules of every queue, the version. Every
+    method is one SQL statement. source as for Queue; codec encodes nack
+    states and decodes schedule payloads (default: JSON values).
+    """
+
+    def __init__(self, source: Source, *, schema: str | None = None, codec: Codec | None = None) -> None:
+        super().__init__(source, schema=schema, codec=codec if codec is not None else JsonCodec())
+
     # every queue
 
     def stats(self, queue: str | None = None, *, conn: Connection[Any] | None = None) -> list[QueueStats]:
@@ -203,15 +225,10 @@ class Client:
 
     def schedules(self, queue: str | None = None, *, conn: Connection[Any] | None = None) -> list[Schedule]:
         """The schedules of every queue (of queue, if given) with their next occurrence (dq_schedules)."""
-        rows = self._rows("schedules", (queue,), conn)
-        return [Schedule(q, n, e, z, self.codec.load(p), m, at, *rest) for q, n, e, z, p, m, at, *rest in rows]
-
-    def version(self, *, conn: Connection[Any] | None = None) -> str:
-        """The installed pgdq version."""
-        return str(self._value("version", (), conn))
+        return _schedules(self.codec, self._rows("schedules", (queue,), conn))
 
 
-class Queue:
+class Queue(_Base):
     """One queue of pgdq. Every method is one SQL statement: one round trip.
 
     source is a connection (Connection: used as it is, its transaction is
@@ -219,8 +236,8 @@ class Queue:
     committed on return) or a conninfo string (one autocommit connection,
     opened on first use).
     Methods that write take conn= to run inside your own transaction instead.
-    client is the Client (same source, schema and codec) that runs every
-    statement; the lock-token methods are its own.
+    The lock-token methods (ack, ack_many, nack, extend, dead_letter) and
+    version are the same as Client's (one base class).
     """
 
     def __init__(
@@ -233,27 +250,9 @@ class Queue:
         payload_type: type[Any] | None = None,
         lease: st.Lease = timedelta(minutes=5),
     ) -> None:
+        super().__init__(source, schema=schema, codec=codec if codec is not None else JsonCodec(payload_type))
         self.name = name
-        self.codec: Codec = codec if codec is not None else JsonCodec(payload_type)
         self.lease = st.lease(lease)
-        self.client = Client(source, schema=schema, codec=self.codec)
-
-    def __enter__(self) -> Queue:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Close the connection this queue opened itself (never yours or the pool)."""
-        self.client.close()
-
-    def _rows(self, method: str, params: Sequence[Any], conn: Connection[Any] | None = None) -> list[tuple[Any, ...]]:
-        """Run the method's one statement (through the client); its rows."""
-        return self.client._rows(method, params, conn)
-
-    def _value(self, method: str, params: Sequence[Any], conn: Connection[Any] | None = None) -> Any:
-        return self.client._value(method, params, conn)
 
     def _lease(self, lease: st.Lease | None) -> timedelta | None:
         """The lease to ask for: the given one, else the queue's default."""
@@ -335,34 +334,6 @@ class Queue:
             rows = self._rows("ack_poll", params, conn)
         return [self._delivery(r) for r in rows]
 
-    def ack(self, lock_token: UUID | None, *, conn: Connection[Any] | None = None) -> bool:
-        """Delete the message leased under lock_token; False when stale (Client.ack)."""
-        return self.client.ack(lock_token, conn=conn)
-
-    def ack_many(self, lock_tokens: Sequence[UUID | None] | None, *, conn: Connection[Any] | None = None) -> int:
-        """Ack a batch of tokens; how many were current (Client.ack_many)."""
-        return self.client.ack_many(lock_tokens, conn=conn)
-
-    def nack(
-        self,
-        lock_token: UUID | None,
-        retry_at: datetime | None = None,
-        state: Any = None,
-        *,
-        error: str | None = None,
-        conn: Connection[Any] | None = None,
-    ) -> bool:
-        """Give a leased message back, due at retry_at (None: now), saving
-        state and recording error as its last_error if given; False when
-        stale (Client.nack)."""
-        return self.client.nack(lock_token, retry_at, state, error=error, conn=conn)
-
-    def extend(
-        self, lock_token: UUID | None, lease: st.Lease, *, conn: Connection[Any] | None = None
-    ) -> datetime | None:
-        """Lease until now + lease; the new lease end, or None when stale (Client.extend)."""
-        return self.client.extend(lock_token, lease, conn=conn)
-
     # managing
 
     def cancel(self, key: str, *, conn: Connection[Any] | None = None) -> bool:
@@ -412,8 +383,8 @@ class Queue:
 
     def stats(self, *, conn: Connection[Any] | None = None) -> QueueStats:
         """Ready, delayed and leased counts of the queue (dq_stats)."""
-        (found,) = self.client.stats(self.name, conn=conn)
-        return found
+        (found,) = self._rows("stats", (self.name,), conn)
+        return QueueStats(*found)
 
     def next_due(self, *, conn: Connection[Any] | None = None) -> datetime | None:
         """The earliest due time in the queue (leases by their end), or None."""
@@ -425,12 +396,6 @@ class Queue:
     def configure(self, *, max_attempts: int | None, conn: Connection[Any] | None = None) -> None:
         """Set the queue's max_attempts (None: no limit); polls enforce it (dq_configure)."""
         self._rows("configure", (self.name, max_attempts), conn)
-
-    def dead_letter(
-        self, lock_token: UUID | None, error: str | None = None, *, conn: Connection[Any] | None = None
-    ) -> bool:
-        """Move the message leased under lock_token to the dead letters; False when stale."""
-        return self.client.dead_letter(lock_token, error, conn=conn)
 
     def dead_letters(self, max_count: int = 100, *, conn: Connection[Any] | None = None) -> list[DeadLetter]:
         """Up to max_count dead letters, oldest failure first (dq_dead_list)."""
@@ -473,7 +438,7 @@ class Queue:
 
     def schedules(self, *, conn: Connection[Any] | None = None) -> list[Schedule]:
         """This queue's schedules with their next occurrence (dq_schedules)."""
-        return self.client.schedules(self.name, conn=conn)
+        return _schedules(self.codec, self._rows("schedules", (self.name,), conn))
 
     def cron_install(
         self,
@@ -497,7 +462,3 @@ class Queue:
     ) -> int:
         """Delete key_prefix's pending occurrences (only config_hash's if given)."""
         return int(self._value("cron_uninstall", (self.name, key_prefix, config_hash), conn))
-
-    def version(self, *, conn: Connection[Any] | None = None) -> str:
-        """The installed pgdq version."""
-        return self.client.version(conn=conn)

@@ -155,6 +155,13 @@ def _emit(data: Any, as_json: bool, human: Callable[[], None]) -> None:
         human()
 
 
+def _emit_done(done: bool, word: str, missing: str, as_json: bool) -> None:
+    """Print {word: done} as JSON, or word / missing for people; exit 4 when not done."""
+    _emit({word: done}, as_json, lambda: click.echo(word if done else missing))
+    if not done:
+        sys.exit(NothingThere.exit_code)
+
+
 def _plain(value: Any) -> Any:
     """value with dataclasses turned into dicts (for JSON)."""
     if is_dataclass(value) and not isinstance(value, type):
@@ -701,11 +708,7 @@ def nack(
     at = _when(at_text, in_seconds)
     with _client(dsn, schema) as client:
         done = client.nack(parsed, at, error=error)
-    _emit(
-        {"nacked": done}, as_json, lambda: click.echo("nacked" if done else "stale: the delivery is no longer current")
-    )
-    if not done:
-        sys.exit(NothingThere.exit_code)
+    _emit_done(done, "nacked", "stale: the delivery is no longer current", as_json)
 
 
 # --- looking and managing --------------------------------------------------------------
@@ -765,9 +768,7 @@ def cancel(dsn: str | None, schema: str, as_json: bool, queue: str, key: str) ->
     """Delete the message of KEY, leased or not; exit 4 if there was none."""
     with _queue(dsn, schema, queue) as q:
         done = q.cancel(key)
-    _emit({"cancelled": done}, as_json, lambda: click.echo("cancelled" if done else f"no message {key} in {queue}"))
-    if not done:
-        sys.exit(NothingThere.exit_code)
+    _emit_done(done, "cancelled", f"no message {key} in {queue}", as_json)
 
 
 @main.command()
@@ -927,6 +928,4 @@ def schedules_remove(dsn: str | None, schema: str, as_json: bool, queue: str, na
     """Remove the schedule NAME of QUEUE and its pending occurrences; exit 4 if there was none."""
     with _queue(dsn, schema, queue) as q:
         done = q.unschedule(name)
-    _emit({"removed": done}, as_json, lambda: click.echo("removed" if done else f"no schedule {name} in {queue}"))
-    if not done:
-        sys.exit(NothingThere.exit_code)
+    _emit_done(done, "removed", f"no schedule {name} in {queue}", as_json)

@@ -48,8 +48,23 @@ class MessageInfo:
     created_at: datetime
 
 
+class DecodedPayload:
+    """payload for a message read through a codec: decoded, or its
+    decode_error raised (AsyncDelivery, Delivery, PeekedMessage)."""
+
+    decode_error: PayloadDecodeError | None
+    _decoded: Any
+
+    @property
+    def payload(self) -> Any:
+        """The decoded payload; raises decode_error if there is one."""
+        if self.decode_error is not None:
+            raise self.decode_error
+        return self._decoded
+
+
 @dataclass(frozen=True)
-class PeekedMessage:
+class PeekedMessage(DecodedPayload):
     """A message as dq_peek sees it (nothing locked or changed).
 
     payload is the payload as the queue's codec decodes it; raw_payload is
@@ -72,13 +87,6 @@ class PeekedMessage:
     last_error: str | None
     decode_error: PayloadDecodeError | None = field(default=None, compare=False)
     _decoded: Any = field(default=None, repr=False, compare=False)
-
-    @property
-    def payload(self) -> Any:
-        """The decoded payload; raises decode_error if there is one."""
-        if self.decode_error is not None:
-            raise self.decode_error
-        return self._decoded
 
 
 @dataclass(frozen=True)

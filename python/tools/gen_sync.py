@@ -66,6 +66,7 @@ ASYNC_TO_SYNC = {
     "_async_cron": "_sync_cron",
     "AsyncQueue": "Queue",
     "AsyncClient": "Client",
+    "_AsyncBase": "_Base",
     "AsyncDelivery": "Delivery",
     "AsyncSource": "Source",
     "AsyncCronService": "CronService",
