@@ -60,7 +60,7 @@ installcheck:
 lint: venv
 	$(VENV)/bin/sqlfluff lint sql/src pgtap
 	$(VENV)/bin/hadolint docker/Dockerfile docker/worker.Dockerfile
-	$(VENV)/bin/mypy --strict python/pgdq
+	$(VENV)/bin/mypy --strict python/pgdq python/tools
 	$(VENV)/bin/ruff check python tests examples bench
 	$(VENV)/bin/ruff format --check python tests examples bench
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import ast_comments
+import ast_comments  # type: ignore[import-untyped]  # no type information shipped
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "python" / "pgdq"
@@ -82,21 +82,22 @@ WORDS = re.compile(r"\b(" + "|".join(sorted(ASYNC_TO_SYNC, key=len, reverse=True
 class AsyncToSync(ast.NodeTransformer):
     """The syntax tree of an async module rewritten as its blocking twin."""
 
-    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> ast.FunctionDef:  # noqa: N802 - ast's names
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> ast.AST:  # noqa: N802 - ast's names
         """async def f -> def f (renamed like any def)."""
         return self._same_fields(node, ast.FunctionDef)
 
-    def visit_AsyncWith(self, node: ast.AsyncWith) -> ast.With:  # noqa: N802
+    def visit_AsyncWith(self, node: ast.AsyncWith) -> ast.AST:  # noqa: N802
         """async with -> with."""
         return self._same_fields(node, ast.With)
 
-    def visit_AsyncFor(self, node: ast.AsyncFor) -> ast.For:  # noqa: N802
+    def visit_AsyncFor(self, node: ast.AsyncFor) -> ast.AST:  # noqa: N802
         """async for -> for."""
         return self._same_fields(node, ast.For)
 
     def visit_Await(self, node: ast.Await) -> ast.AST:  # noqa: N802
         """await x -> x."""
-        return self.visit(node.value)
+        value: ast.AST = self.visit(node.value)
+        return value
 
     def visit_Name(self, node: ast.Name) -> ast.Name:  # noqa: N802
         """A variable, function or class name, renamed."""
@@ -144,10 +145,11 @@ class AsyncToSync(ast.NodeTransformer):
         node.value = _rename_words(node.value)
         return node
 
-    def _same_fields(self, node: ast.AST, kind: type[Any]) -> Any:
+    def _same_fields(self, node: ast.AST, kind: type[ast.AST]) -> ast.AST:
         """node as a node of kind with the same fields, its children rewritten."""
         twin = kind(**{name: getattr(node, name) for name in node._fields})
-        return self.visit(ast.copy_location(twin, node))
+        rewritten: ast.AST = self.visit(ast.copy_location(twin, node))
+        return rewritten
 
 
 def _rename_words(text: str) -> str:
