@@ -242,6 +242,29 @@ def test_an_undecodable_payload_spoils_only_its_delivery(q: Queue, database: str
     q.purge_dead_letters()
 
 
+def test_reads_survive_an_undecodable_payload(q: Queue, database: str) -> None:
+    """get, dead_letters and schedules return a payload the codec rejects
+    with decode_error set, as poll does: one bad row never fails the read."""
+    q.offer_many([("ok", Reminder(1, "x")), ("bad", "text")])
+    q.schedule("nightly", "0 2 * * *", payload="text")
+    with Queue(q.name, database, payload_type=Reminder) as typed:
+        info = typed.get("bad")
+        assert info is not None and info.raw_payload == "text" and isinstance(info.decode_error, PayloadDecodeError)
+        with pytest.raises(PayloadDecodeError, match="payload of 'bad'"):
+            _ = info.payload
+        ok = typed.get("ok")
+        assert ok is not None and ok.payload == Reminder(1, "x") and (ok.decode_error is None)
+        for d in typed.poll_many(10):
+            d.dead_letter("given up")
+        dead = {d.key: d for d in typed.dead_letters()}
+        assert dead["ok"].payload == Reminder(1, "x") and dead["bad"].raw_payload == "text"
+        assert isinstance(dead["bad"].decode_error, PayloadDecodeError)
+        (nightly,) = typed.schedules()
+        assert nightly.raw_payload == "text" and isinstance(nightly.decode_error, PayloadDecodeError)
+    q.unschedule("nightly")
+    q.purge_dead_letters()
+
+
 class Order(pydantic.BaseModel):
     number: int
 

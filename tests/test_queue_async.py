@@ -252,6 +252,29 @@ async def test_an_undecodable_payload_spoils_only_its_delivery(aq: AsyncQueue, d
     await aq.purge_dead_letters()
 
 
+async def test_reads_survive_an_undecodable_payload(aq: AsyncQueue, database: str) -> None:
+    """get, dead_letters and schedules return a payload the codec rejects
+    with decode_error set, as poll does: one bad row never fails the read."""
+    await aq.offer_many([("ok", Reminder(1, "x")), ("bad", "text")])
+    await aq.schedule("nightly", "0 2 * * *", payload="text")
+    async with AsyncQueue(aq.name, database, payload_type=Reminder) as typed:
+        info = await typed.get("bad")
+        assert info is not None and info.raw_payload == "text" and isinstance(info.decode_error, PayloadDecodeError)
+        with pytest.raises(PayloadDecodeError, match="payload of 'bad'"):
+            _ = info.payload
+        ok = await typed.get("ok")
+        assert ok is not None and ok.payload == Reminder(1, "x") and ok.decode_error is None
+        for d in await typed.poll_many(10):
+            await d.dead_letter("given up")
+        dead = {d.key: d for d in await typed.dead_letters()}
+        assert dead["ok"].payload == Reminder(1, "x") and dead["bad"].raw_payload == "text"
+        assert isinstance(dead["bad"].decode_error, PayloadDecodeError)
+        (nightly,) = await typed.schedules()
+        assert nightly.raw_payload == "text" and isinstance(nightly.decode_error, PayloadDecodeError)
+    await aq.unschedule("nightly")
+    await aq.purge_dead_letters()
+
+
 class Order(pydantic.BaseModel):
     number: int
 

@@ -97,19 +97,20 @@ class AsyncDelivery(DecodedPayload):
         return until
 
 
-def _decoded(codec: Codec, payload: Any, queue: str, key: str) -> tuple[Any, PayloadDecodeError | None]:
-    """The payload as codec decodes it, or the PayloadDecodeError saying why not."""
+def _decoding(codec: Codec, payload: Any, queue: str, key: str) -> dict[str, Any]:
+    """The DecodedPayload fields of a payload: _decoded as codec decodes it,
+    or decode_error, the PayloadDecodeError saying why not."""
     try:
-        return codec.load(payload), None
+        return {"_decoded": codec.load(payload), "decode_error": None}
     except Exception as e:  # the codec is the caller's code: any error is this message's alone
         error = PayloadDecodeError(f"cannot decode the payload of {key!r} in queue {queue!r}: {e!r}")
         error.__cause__ = e
-        return None, error
+        return {"_decoded": None, "decode_error": error}
 
 
 def _schedules(codec: Codec, rows: list[tuple[Any, ...]]) -> list[Schedule]:
     """dq_schedules rows as Schedules, payloads decoded."""
-    return [Schedule(q, n, e, z, codec.load(p), m, at, *rest) for q, n, e, z, p, m, at, *rest in rows]
+    return [Schedule(q, n, e, z, p, *rest, **_decoding(codec, p, q, n)) for q, n, e, z, p, *rest in rows]
 
 
 class _AsyncBase:
@@ -268,7 +269,6 @@ class AsyncQueue(_AsyncBase):
     def _delivery(self, row: tuple[Any, ...]) -> AsyncDelivery:
         """A delivery of a row; a payload the codec rejects becomes its decode_error."""
         id_, queue, key, payload, state, scheduled_at, created_at, attempts, redelivery, token, until = row
-        decoded, error = _decoded(self.codec, payload, queue, key)
         return AsyncDelivery(
             id=id_,
             queue=queue,
@@ -282,8 +282,7 @@ class AsyncQueue(_AsyncBase):
             lock_token=token,
             lease_until=until,
             source=self,
-            decode_error=error,
-            _decoded=decoded,
+            **_decoding(self.codec, payload, queue, key),
         )
 
     # producing
@@ -355,7 +354,7 @@ class AsyncQueue(_AsyncBase):
         if not rows:
             return None
         queue, key_, payload, *rest = rows[0]
-        return MessageInfo(queue, key_, self.codec.load(payload), *rest)
+        return MessageInfo(queue, key_, payload, *rest, **_decoding(self.codec, payload, queue, key_))
 
     async def purge(self, *, conn: AsyncConnection[Any] | None = None) -> int:
         """Delete every message of the queue; how many."""
@@ -374,7 +373,6 @@ class AsyncQueue(_AsyncBase):
     def _peeked(self, row: tuple[Any, ...]) -> PeekedMessage:
         """A peeked message of a dq_peek row; an undecodable payload becomes its decode_error."""
         key, payload, state, scheduled_at, due_at, attempts, leased, lease_until, last_error = row
-        decoded, error = _decoded(self.codec, payload, self.name, key)
         return PeekedMessage(
             queue=self.name,
             key=key,
@@ -386,8 +384,7 @@ class AsyncQueue(_AsyncBase):
             leased=leased,
             lease_until=lease_until,
             last_error=last_error,
-            decode_error=error,
-            _decoded=decoded,
+            **_decoding(self.codec, payload, self.name, key),
         )
 
     async def stats(self, *, conn: AsyncConnection[Any] | None = None) -> QueueStats:
@@ -409,7 +406,7 @@ class AsyncQueue(_AsyncBase):
     async def dead_letters(self, max_count: int = 100, *, conn: AsyncConnection[Any] | None = None) -> list[DeadLetter]:
         """Up to max_count dead letters, oldest failure first (dq_dead_list)."""
         rows = await self._rows("dead_list", (self.name, max_count), conn)
-        return [DeadLetter(q, k, self.codec.load(p), *rest) for q, k, p, *rest in rows]
+        return [DeadLetter(q, k, p, *rest, **_decoding(self.codec, p, q, k)) for q, k, p, *rest in rows]
 
     async def redrive(
         self,

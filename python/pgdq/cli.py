@@ -47,6 +47,7 @@ from .install import ServerWarning, installed_version
 from .install import install as install_sql
 from .install import uninstall as uninstall_sql
 from .install import upgrade as upgrade_sql
+from .model import DecodedPayload
 
 
 class BadInput(click.ClickException):
@@ -163,7 +164,11 @@ def _emit_done(done: bool, word: str, missing: str, as_json: bool) -> None:
 
 
 def _plain(value: Any) -> Any:
-    """value with dataclasses turned into dicts (for JSON)."""
+    """value with dataclasses turned into dicts (for JSON); a message's
+    payload as stored (raw_payload), without the decoded copy."""
+    if isinstance(value, DecodedPayload):
+        fields = {k: v for k, v in vars(value).items() if k not in ("_decoded", "decode_error")}
+        return {("payload" if k == "raw_payload" else k): v for k, v in fields.items()}
     if is_dataclass(value) and not isinstance(value, type):
         return asdict(value)
     if isinstance(value, list):

@@ -33,24 +33,11 @@ class OfferResult(NamedTuple):
     outcome: OfferOutcome
 
 
-@dataclass(frozen=True)
-class MessageInfo:
-    """A message as dq_get sees it (nothing locked or changed)."""
-
-    queue: str
-    key: str
-    payload: Any
-    state: Any
-    scheduled_at: datetime
-    due_at: datetime
-    attempts: int
-    leased: bool
-    created_at: datetime
-
-
 class DecodedPayload:
     """payload for a message read through a codec: decoded, or its
-    decode_error raised (AsyncDelivery, Delivery, PeekedMessage)."""
+    decode_error raised: a payload the codec rejects (one that does not fit
+    payload_type) spoils only its own message, never the read that returned
+    it; raw_payload keeps the JSON value as stored."""
 
     decode_error: PayloadDecodeError | None
     _decoded: Any
@@ -61,6 +48,23 @@ class DecodedPayload:
         if self.decode_error is not None:
             raise self.decode_error
         return self._decoded
+
+
+@dataclass(frozen=True)
+class MessageInfo(DecodedPayload):
+    """A message as dq_get sees it (nothing locked or changed)."""
+
+    queue: str
+    key: str
+    raw_payload: Any
+    state: Any
+    scheduled_at: datetime
+    due_at: datetime
+    attempts: int
+    leased: bool
+    created_at: datetime
+    decode_error: PayloadDecodeError | None = field(default=None, compare=False)
+    _decoded: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -102,31 +106,35 @@ class QueueStats:
 
 
 @dataclass(frozen=True)
-class DeadLetter:
+class DeadLetter(DecodedPayload):
     """A message given up on (one row of dq_dead_list)."""
 
     queue: str
     key: str
-    payload: Any
+    raw_payload: Any
     state: Any
     scheduled_at: datetime
     created_at: datetime
     attempts: int
     error: str | None
     failed_at: datetime
+    decode_error: PayloadDecodeError | None = field(default=None, compare=False)
+    _decoded: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
-class Schedule:
+class Schedule(DecodedPayload):
     """A schedule kept by the database (one row of dq_schedules)."""
 
     queue: str
     name: str
     expression: str
     timezone: str
-    payload: Any
+    raw_payload: Any
     max_missed: int
     next_at: datetime  # while failing: the next attempt
     last_error: str | None = None  # of the last attempt, when it failed (1.1)
     last_error_at: datetime | None = None
     failures: int = 0  # failed attempts in a row
+    decode_error: PayloadDecodeError | None = field(default=None, compare=False)
+    _decoded: Any = field(default=None, repr=False, compare=False)
