@@ -1,0 +1,268 @@
+"""What every `pgdq` command shares: errors with their exit codes, connecting,
+the common options and printing (tables on a terminal, tab-separated lines
+into a pipe, JSON with --json)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import click
+import psycopg
+
+from ._script import check_schema
+from ._sync_queue import Client, Queue
+from .errors import InvalidArgument, PgdqError
+from .install import ServerWarning, installed_version
+from .model import DecodedPayload
+
+
+class BadInput(click.ClickException):
+    """Bad input the usage checks could not see (a malformed --dsn, an unusable
+    --schema, an argument pgdq refuses): one line, exit 2 (bad usage)."""
+
+    exit_code = 2
+
+
+class NotInstalled(click.ClickException):
+    """pgdq is not installed where the command looks: one line, exit 3."""
+
+    exit_code = 3
+
+
+class NothingThere(click.ClickException):
+    """Nothing to act on (stale tokens, no such key or schedule): exit 4."""
+
+    exit_code = 4
+
+
+class CannotConnect(click.ClickException):
+    """The server could not be reached: one line, exit 1."""
+
+
+def _reason(error: Exception) -> str:
+    """An error in one line: a server error's primary message, else its text."""
+    primary = error.diag.message_primary if isinstance(error, psycopg.Error) else None
+    return primary or " ".join(str(error).split())
+
+
+def _connect(dsn: str | None) -> psycopg.Connection[tuple[object, ...]]:
+    """Connect to --dsn, else DATABASE_URL, else the standard PG* variables;
+    exit 2 when libpq cannot parse the connection string."""
+    conninfo = dsn or os.environ.get("DATABASE_URL", "")
+    try:
+        return psycopg.connect(conninfo, autocommit=True)
+    except psycopg.ProgrammingError as e:
+        raise BadInput(f"invalid connection string: {_reason(e)}") from e
+    except psycopg.OperationalError as e:
+        raise CannotConnect(f"cannot connect: {_reason(e)}") from e
+
+
+def _require_pgdq(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Exit 3 unless pgdq is installed in schema."""
+    if installed_version(conn, schema) is None:
+        raise NotInstalled(f"pgdq is not installed in schema {schema}")
+
+
+def _valid_schema(ctx: click.Context, param: click.Parameter, schema: str) -> str:
+    """--schema, if pgdq's scripts can embed it; else exit 2."""
+    try:
+        return check_schema(schema)
+    except ValueError as e:
+        raise BadInput(f"invalid --schema: {e}") from e
+
+
+@contextmanager
+def _server_warnings_shown() -> Iterator[None]:
+    """Print the warnings raised inside the block (the server's, as ServerWarning) on stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ServerWarning)
+        yield
+    for warning in caught:
+        click.echo(f"WARNING: {warning.message}", err=True)
+
+
+dsn_option = click.option("--dsn", envvar="PGDQ_DSN", help="conninfo or URL; default DATABASE_URL or PG* variables")
+schema_option = click.option(
+    "--schema",
+    default="public",
+    envvar="PGDQ_SCHEMA",
+    show_default=True,
+    show_envvar=True,
+    callback=_valid_schema,
+    help="schema pgdq lives in",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="machine-readable output (JSON)")
+
+
+def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--dsn, --schema and --json: the options every command takes."""
+    return dsn_option(schema_option(json_option(command)))
+
+
+# --- output -------------------------------------------------------------------
+
+
+def _emit(data: Any, as_json: bool, human: Callable[[], None]) -> None:
+    """Print data as JSON, or call human() for people."""
+    if as_json:
+        click.echo(json.dumps(_plain(data), default=str))
+    else:
+        human()
+
+
+def _emit_done(done: bool, word: str, missing: str, as_json: bool) -> None:
+    """Print {word: done} as JSON, or word / missing for people; exit 4 when not done."""
+    _emit({word: done}, as_json, lambda: click.echo(word if done else missing))
+    if not done:
+        sys.exit(NothingThere.exit_code)
+
+
+def _plain(value: Any) -> Any:
+    """value with dataclasses turned into dicts (for JSON); a message's
+    payload as stored (raw_payload), without the decoded copy."""
+    if isinstance(value, DecodedPayload):
+        fields = {k: v for k, v in vars(value).items() if k not in ("_decoded", "decode_error")}
+        return {("payload" if k == "raw_payload" else k): v for k, v in fields.items()}
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _cell(value: Any) -> str:
+    """A value as one table cell: None is empty, times ISO 8601 to the second."""
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="seconds")
+    return str(value)
+
+
+_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+# columns a table never narrows: what the next command takes whole
+_WHOLE = {"lock_token"}
+
+
+def _table(title: str, columns: list[str], rows: Iterable[list[Any]]) -> None:
+    """Rows for a terminal as a table (lock tokens never cut, other cells
+    folded, never cut), or into a pipe as tab-separated lines."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    if not sys.stdout.isatty():
+        for row in cells:
+            click.echo("\t".join(c.translate(_TSV_ESCAPES) for c in row))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in columns:
+        if column in _WHOLE:
+            table.add_column(column, no_wrap=True, min_width=36)
+        else:
+            table.add_column(column, overflow="fold")
+    for row in cells:
+        table.add_row(*row)
+    Console().print(table)
+
+
+def _stderr() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _last_line(text: str | None) -> str:
+    """The last line of an error (a traceback's is the exception itself)."""
+    lines = (text or "").strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def _parse_time(text: str) -> datetime:
+    """An ISO 8601 time with a zone; ValueError saying what is wrong."""
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError as e:
+        raise ValueError(f"not an ISO 8601 time: {text}") from e
+    if at.tzinfo is None:
+        raise ValueError(f"{text} has no time zone (add Z or +02:00)")
+    return at
+
+
+def _when(text: str | None, seconds: float | None) -> datetime | None:
+    """--at (ISO 8601, a zone required) or --in (seconds from now)."""
+    if text is not None and seconds is not None:
+        raise click.UsageError("give --at or --in, not both")
+    if seconds is not None:
+        return datetime.now(UTC) + timedelta(seconds=seconds)
+    if text is None:
+        return None
+    try:
+        return _parse_time(text)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--at") from e
+
+
+def _json_argument(text: str, name: str) -> Any:
+    """A JSON argument's value; exit 2 when it is not JSON."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not JSON: {e}", param_hint=name) from e
+
+
+def _tokens(texts: Iterable[str]) -> list[UUID]:
+    """Lock tokens; exit 2 on one that is not a UUID."""
+    try:
+        return [UUID(t) for t in texts]
+    except ValueError as e:
+        raise click.BadParameter(f"not a lock token: {e}", param_hint="TOKEN") from e
+
+
+# --- connecting -----------------------------------------------------------------
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """pgdq's and the server's errors inside the block as one-line CLI errors:
+    an argument pgdq refuses exits 2, any other error 1."""
+    try:
+        yield
+    except InvalidArgument as e:
+        raise BadInput(str(e)) from e
+    except PgdqError as e:
+        raise click.ClickException(str(e)) from e
+    except psycopg.Error as e:
+        raise click.ClickException(f"the server refused: {_reason(e)}") from e
+
+
+@contextmanager
+def _database(dsn: str | None, schema: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection where pgdq is installed in schema (else exit 3)."""
+    with _connect(dsn) as conn:
+        _require_pgdq(conn, schema)
+        with _refusals():
+            yield conn
+
+
+@contextmanager
+def _queue(dsn: str | None, schema: str, name: str) -> Iterator[Queue]:
+    """The queue name on a fresh autocommit connection (see _database)."""
+    with _database(dsn, schema) as conn:
+        yield Queue(name, conn, schema=schema)
+
+
+@contextmanager
+def _client(dsn: str | None, schema: str) -> Iterator[Client]:
+    """A Client (what belongs to no queue) on a fresh autocommit connection (see _database)."""
+    with _database(dsn, schema) as conn:
+        yield Client(conn, schema=schema)

@@ -1,0 +1,240 @@
+"""`pgdq peek`, `cancel`, `purge`, `stats`, `dead-letters …` and `schedules …`."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import click
+
+from ._cli_base import (
+    _cell,
+    _client,
+    _emit,
+    _emit_done,
+    _json_argument,
+    _last_line,
+    _queue,
+    _table,
+    _when,
+    common_options,
+)
+
+# --- looking and managing --------------------------------------------------------------
+
+
+@click.command()
+@common_options
+@click.argument("queue")
+@click.option("--due", "which", flag_value="due", help="only messages due now (expired leases too)")
+@click.option("--delayed", "which", flag_value="delayed", help="only messages due later")
+@click.option("--leased", "which", flag_value="leased", help="only leased messages")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 1000), help="at most this many")
+def peek(dsn: str | None, schema: str, as_json: bool, queue: str, which: str | None, limit: int) -> None:
+    """Messages of QUEUE, earliest due first, without locking or changing them."""
+    with _queue(dsn, schema, queue) as q:
+        found = q.peek(which, limit)
+    rows = [
+        {
+            "key": m.key,
+            "payload": m.raw_payload,
+            "state": m.state,
+            "scheduled_at": m.scheduled_at,
+            "due_at": m.due_at,
+            "attempts": m.attempts,
+            "leased": m.leased,
+            "lease_until": m.lease_until,
+            "last_error": m.last_error,
+        }
+        for m in found
+    ]
+    _emit(
+        rows,
+        as_json,
+        lambda: _table(
+            f"{queue}: {len(rows)} {which + ' ' if which else ''}messages",
+            ["key", "due_at", "attempts", "leased", "last_error", "payload"],
+            [
+                [
+                    m.key,
+                    m.due_at,
+                    m.attempts,
+                    "leased" if m.leased else "",
+                    _last_line(m.last_error),
+                    json.dumps(m.raw_payload),
+                ]
+                for m in found
+            ],
+        ),
+    )
+
+
+@click.command()
+@common_options
+@click.argument("queue")
+@click.argument("key")
+def cancel(dsn: str | None, schema: str, as_json: bool, queue: str, key: str) -> None:
+    """Delete the message of KEY, leased or not; exit 4 if there was none."""
+    with _queue(dsn, schema, queue) as q:
+        done = q.cancel(key)
+    _emit_done(done, "cancelled", f"no message {key} in {queue}", as_json)
+
+
+@click.command()
+@common_options
+@click.argument("queue")
+@click.option("--yes", is_flag=True, help="do not ask")
+def purge(dsn: str | None, schema: str, as_json: bool, queue: str, yes: bool) -> None:
+    """Delete every message of QUEUE (leased ones too; its dead letters stay)."""
+    with _queue(dsn, schema, queue) as q:
+        if not yes:
+            click.confirm(f"Delete every message of {queue}?", abort=True, err=True)
+        count = q.purge()
+    _emit({"purged": count}, as_json, lambda: click.echo(f"{count} deleted"))
+
+
+@click.command()
+@common_options
+@click.argument("queue", required=False)
+def stats(dsn: str | None, schema: str, as_json: bool, queue: str | None) -> None:
+    """Ready, delayed and leased counts per queue (or of QUEUE)."""
+    with _client(dsn, schema) as client:
+        found = client.stats(queue)
+    now = datetime.now(UTC)
+
+    def age(at: datetime | None) -> str:
+        return "" if at is None else f"{(now - at).total_seconds():,.1f} s"
+
+    _emit(
+        found,
+        as_json,
+        lambda: _table(
+            "pgdq queues",
+            ["queue", "ready", "delayed", "leased", "oldest ready", "next due"],
+            [[r.queue, r.ready, r.delayed, r.leased, age(r.oldest_ready_at), r.next_due_at] for r in found],
+        ),
+    )
+
+
+# --- dead letters ----------------------------------------------------------------------
+
+
+@click.group("dead-letters")
+def dead_letters() -> None:
+    """List, redrive or purge a queue's dead letters."""
+
+
+@dead_letters.command("list")
+@common_options
+@click.argument("queue")
+@click.option("--max", "max_count", default=100, show_default=True, type=click.IntRange(min=1))
+def dead_list(dsn: str | None, schema: str, as_json: bool, queue: str, max_count: int) -> None:
+    """The oldest failures first."""
+    with _queue(dsn, schema, queue) as q:
+        dead = q.dead_letters(max_count)
+    _emit(
+        dead,
+        as_json,
+        lambda: _table(
+            f"{queue}: {len(dead)} dead letters",
+            ["key", "attempts", "failed_at", "error"],
+            [[d.key, d.attempts, d.failed_at, _last_line(d.error)] for d in dead],
+        ),
+    )
+
+
+@dead_letters.command("redrive")
+@common_options
+@click.argument("queue")
+@click.option("--key", default=None, help="only this key")
+@click.option("--at", "at_text", help="due time, ISO 8601 with a zone (default: now)")
+def dead_redrive(dsn: str | None, schema: str, as_json: bool, queue: str, key: str | None, at_text: str | None) -> None:
+    """Offer the dead letters again (fresh: no attempts, no state)."""
+    at = _when(at_text, None)
+    with _queue(dsn, schema, queue) as q:
+        count = q.redrive(key, at)
+    _emit({"redriven": count}, as_json, lambda: click.echo(f"{count} re-offered"))
+
+
+@dead_letters.command("purge")
+@common_options
+@click.argument("queue")
+@click.option("--key", default=None, help="only this key")
+@click.option("--yes", is_flag=True, help="do not ask")
+def dead_purge(dsn: str | None, schema: str, as_json: bool, queue: str, key: str | None, yes: bool) -> None:
+    """Delete the dead letters."""
+    with _queue(dsn, schema, queue) as q:
+        if not yes:
+            what = f"the dead letter {key}" if key else "every dead letter"
+            click.confirm(f"Delete {what} of {queue}?", abort=True, err=True)
+        count = q.purge_dead_letters(key)
+    _emit({"purged": count}, as_json, lambda: click.echo(f"{count} deleted"))
+
+
+# --- schedules kept by the database ------------------------------------------------------
+
+
+@click.group()
+def schedules() -> None:
+    """List, set or remove the schedules the database keeps (polls of their
+    queue turn occurrences into messages; no scheduler process needed)."""
+
+
+@schedules.command("list")
+@common_options
+@click.argument("queue", required=False)
+def schedules_list(dsn: str | None, schema: str, as_json: bool, queue: str | None) -> None:
+    """Every schedule (or QUEUE's), with its next occurrence and last error."""
+    with _client(dsn, schema) as client:
+        found = client.schedules(queue)
+    _emit(
+        found,
+        as_json,
+        lambda: _table(
+            "pgdq schedules",
+            ["queue", "name", "expression", "timezone", "next_at", "failures", "last_error"],
+            [[s.queue, s.name, s.expression, s.timezone, s.next_at, s.failures or "", s.last_error] for s in found],
+        ),
+    )
+
+
+@schedules.command("set")
+@common_options
+@click.argument("queue")
+@click.argument("name")
+@click.argument("expression")
+@click.option("--timezone", default="UTC", show_default=True, help="IANA zone the expression is read in")
+@click.option("--payload", default="null", show_default=True, help="each occurrence's payload, as JSON")
+@click.option("--max-missed", default=1, show_default=True, type=int, help="occurrences caught up after a pause")
+def schedules_set(
+    dsn: str | None,
+    schema: str,
+    as_json: bool,
+    queue: str,
+    name: str,
+    expression: str,
+    timezone: str,
+    payload: str,
+    max_missed: int,
+) -> None:
+    """Create or replace the schedule NAME of QUEUE (EXPRESSION: five cron
+    fields, e.g. '0 9 * * mon-fri'); prints its next occurrence."""
+    value = _json_argument(payload, "--payload")
+    with _queue(dsn, schema, queue) as q:
+        next_at = q.schedule(name, expression, timezone, value, max_missed=max_missed)
+    _emit(
+        {"queue": queue, "name": name, "next_at": next_at},
+        as_json,
+        lambda: click.echo(f"{queue}/{name}: next at {_cell(next_at)}"),
+    )
+
+
+@schedules.command("remove")
+@common_options
+@click.argument("queue")
+@click.argument("name")
+def schedules_remove(dsn: str | None, schema: str, as_json: bool, queue: str, name: str) -> None:
+    """Remove the schedule NAME of QUEUE and its pending occurrences; exit 4 if there was none."""
+    with _queue(dsn, schema, queue) as q:
+        done = q.unschedule(name)
+    _emit_done(done, "removed", f"no schedule {name} in {queue}", as_json)
