@@ -12,7 +12,7 @@ CREATE FUNCTION pg_temp.here() RETURNS text LANGUAGE sql AS $$
     )
 $$;
 CREATE EXTENSION IF NOT EXISTS dblink;
-SELECT plan(31);
+SELECT plan(34);
 SELECT dblink_connect('producer', pg_temp.here());
 SELECT dblink_connect('holder', pg_temp.here());
 SELECT dblink_connect('listener', pg_temp.here());
@@ -199,6 +199,25 @@ SELECT is(
     (SELECT error FROM dq_dead_list('t_dr')), 'second', 'the bury went through and replaced the dead letter'
 );
 SELECT pg_temp.remote('producer', $$SELECT dq_dead_purge('t_dr')$$);
+
+-- an ack that waits for a concurrent extend of its delivery deletes the
+-- message once the extend commits (it finds the row version it locked)
+SELECT pg_temp.remote('producer', $$SELECT dq_purge('t_ackx')$$);
+SELECT pg_temp.remote('producer', $$SELECT dq_offer('t_ackx', 'k', '1')$$);
+CREATE TEMP TABLE ackx AS
+SELECT t.token FROM dblink('producer', $$SELECT lock_token FROM dq_poll('t_ackx')$$) AS t (token uuid);
+SELECT dblink_exec('holder', 'BEGIN');
+SELECT pg_temp.remote('holder', format('SELECT dq_extend(%L, %L)', (SELECT token FROM ackx), '10 minutes'));
+SELECT dblink_send_query('waiter', format('SELECT dq_ack_many(ARRAY[%L]::uuid[])', (SELECT token FROM ackx)));
+SELECT pg_sleep(0.3);
+SELECT is(dblink_is_busy('waiter'), 1, 'an ack of a delivery being extended waits');
+SELECT dblink_exec('holder', 'COMMIT');
+SELECT is((SELECT t.n FROM dblink_get_result('waiter') AS t (n int)), 1, 'then acks it');
+SELECT count(*) AS done FROM dblink_get_result('waiter') AS t (n int);  -- noqa: AL05
+SELECT is(
+    pg_temp.remote('producer', $$SELECT key FROM dq_messages WHERE queue = 't_ackx'$$), 0,
+    'and the message is gone'
+);
 
 SELECT dblink_disconnect('producer');
 SELECT dblink_disconnect('holder');

@@ -34,6 +34,8 @@ DROP FUNCTION dq__materialise(text, timestamptz);
 DROP FUNCTION dq__get(text, text);
 DROP FUNCTION dq__stats(text);
 DROP FUNCTION dq__dead_list(text, integer);
+-- The poll index's entries are unique: deduplication only cost time (1.1).
+ALTER INDEX @extschema@.dq_messages_due SET (deduplicate_items = off);
 
 -- Every function of 1.1.0, as sql/src defines it.
 -- The time dq.now pins the clock to (STRICT: never called when it is unset);
@@ -576,6 +578,39 @@ BEGIN
 END
 $$;
 
+-- The usual batch, all of whose keys are new: insert it in key order with a
+-- plain INSERT, which checks each key once as it adds the index entry,
+-- where ON CONFLICT first probes the key index and then inserts
+-- speculatively. True when written; false, with nothing written, when a key
+-- exists or repeats (the caller then replays the batch key by key). Key
+-- order, as everywhere: two batches inserting the same new keys wait for
+-- each other instead of deadlocking.
+CREATE OR REPLACE FUNCTION dq__offer_new(
+    queue text,
+    keys text[],
+    payloads jsonb[],
+    scheduled_ats timestamptz[],
+    now_at timestamptz
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+AS $$
+BEGIN
+    INSERT INTO @extschema@.dq_messages (
+        queue, key, payload, scheduled_at, due_at, created_at
+    )
+    SELECT
+        dq__offer_new.queue, e.k, e.p,
+        coalesce(e.s, now_at), coalesce(e.s, now_at), now_at
+    FROM unnest(keys, payloads, scheduled_ats) AS e (k, p, s)
+    ORDER BY e.k COLLATE "C";
+    RETURN TRUE;
+EXCEPTION WHEN unique_violation THEN  -- a key exists or repeats: undone
+    RETURN FALSE;
+END
+$$;
+
 -- Offer a batch: one (key, outcome) row per element, in input order, exactly
 -- as if dq_offer ran for each element in turn (docs/sql-reference.md).
 CREATE OR REPLACE FUNCTION dq_offer_many(
@@ -606,6 +641,19 @@ BEGIN
     PERFORM @extschema@.dq__null_check(can_update IS NULL, 'can_update');
     PERFORM @extschema@.dq__check_offer_arrays(keys, payloads, scheduled_ats);
 
+    IF @extschema@.dq__offer_new(v_queue, keys, payloads, scheduled_ats, v_now) THEN
+        IF cardinality(keys) > 0 THEN
+            v_first_at := CASE
+                WHEN scheduled_ats IS NULL THEN v_now
+                ELSE (SELECT min(coalesce(s.s, v_now)) FROM unnest(scheduled_ats) AS s (s))
+            END;
+            PERFORM @extschema@.dq__wake_if_head(v_queue, v_first_at);
+        END IF;
+        RETURN QUERY SELECT k.k, 'created'::text FROM unnest(keys) AS k (k);
+        RETURN;
+    END IF;
+
+    -- Some key exists or repeats: replay the batch key by key.
     v_keys := ARRAY(SELECT DISTINCT k.k FROM unnest(keys) AS k (k));
     v_distinct := cardinality(v_keys) = cardinality(keys);
 
@@ -716,7 +764,7 @@ AS $$
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
     v_queue text := dq_poll_many.queue;
-    v_ids bigint[];
+    v_rows tid[];            -- the picked rows to lease, locked by this poll
     v_max_attempts integer;  -- dq_configure; NULL: no limit
     v_spent bigint[];        -- picked, but already delivered max_attempts times
 BEGIN
@@ -741,11 +789,11 @@ BEGIN
     -- concurrent poller holds are skipped, never waited for. The arrays keep
     -- every statement's plan on an index, generic or custom.
     SELECT
-        coalesce(array_agg(p.id), '{}'),
-        coalesce(array_agg(p.id) FILTER (WHERE p.attempts >= v_max_attempts), '{}')
-    INTO v_ids, v_spent
+        coalesce(array_agg(p.row_at) FILTER (WHERE NOT p.spent), '{}'),
+        coalesce(array_agg(p.id) FILTER (WHERE p.spent), '{}')
+    INTO v_rows, v_spent
     FROM (
-        SELECT m.id, m.attempts
+        SELECT m.ctid AS row_at, m.id, coalesce(m.attempts >= v_max_attempts, FALSE) AS spent
         FROM @extschema@.dq_messages AS m
         WHERE m.queue = v_queue AND m.due_at <= v_now
         ORDER BY m.due_at, m.id
@@ -759,24 +807,21 @@ BEGIN
     -- which error (dq__gave_up_error).
     IF cardinality(v_spent) > 0 THEN
         PERFORM @extschema@.dq__bury(v_spent, NULL::text, v_now, v_max_attempts);
-        v_ids := ARRAY(
-            SELECT i.id FROM unnest(v_ids) WITH ORDINALITY AS i (id, pos)
-            WHERE i.id <> ALL (v_spent)
-            ORDER BY i.pos
-        );
     END IF;
-    IF cardinality(v_ids) = 0 THEN
+    IF cardinality(v_rows) = 0 THEN
         RETURN;
     END IF;
 
+    -- The rows stay locked by this transaction, so their addresses (ctid)
+    -- still find them: one heap fetch each instead of a primary key lookup.
     RETURN QUERY
     WITH leased AS (
         UPDATE @extschema@.dq_messages AS m
         SET attempts = m.attempts + 1,
             lock_token = @extschema@.dq__token(m.id),
             due_at = v_now + lease
-        FROM unnest(v_ids) WITH ORDINALITY AS picked (id, pos)
-        WHERE m.id = picked.id
+        FROM unnest(v_rows) WITH ORDINALITY AS picked (row_at, pos)
+        WHERE m.ctid = picked.row_at
         RETURNING
             picked.pos,
             m.id, m.queue, m.key, m.payload, m.state, m.scheduled_at,
@@ -824,21 +869,24 @@ SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 DECLARE
     v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    v_rows tid[];
     v_deleted integer;
 BEGIN
     -- Rows are locked in (queue, key) order, the order dq_offer_many locks
     -- in, so a batch ack and a batch offer never deadlock.
-    WITH current_rows AS (
-        SELECT m.id
+    v_rows := ARRAY(
+        SELECT m.ctid
         FROM @extschema@.dq_messages AS m
         INNER JOIN unnest(lock_tokens) AS t (token)
             ON m.id = @extschema@.dq__token_id(t.token) AND m.lock_token = t.token
         ORDER BY m.queue, m.key
         FOR UPDATE OF m
-    )
+    );
+    -- Locked by this transaction, the rows are still at those addresses
+    -- (ctid): one heap fetch each instead of a second primary key lookup.
+    -- (A separate statement: its snapshot sees the versions just locked.)
     DELETE FROM @extschema@.dq_messages AS m
-    USING current_rows AS c
-    WHERE m.id = c.id;
+    WHERE m.ctid = ANY (v_rows);
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
     RETURN v_deleted;
 END

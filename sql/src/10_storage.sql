@@ -53,7 +53,9 @@ CREATE TABLE dq_messages (
 -- The poll path: due messages of one queue, earliest first, ties by id.
 -- Polls and dq_next_due read only the head of one queue's range, so their
 -- cost does not grow with the number of delayed messages or other queues.
-CREATE INDEX dq_messages_due ON dq_messages (queue, due_at, id);
+-- Its entries are unique (id is in them), so deduplication never merges
+-- any: turned off, a full page splits at once instead of first trying.
+CREATE INDEX dq_messages_due ON dq_messages (queue, due_at, id) WITH (deduplicate_items = off);
 
 COMMENT ON TABLE dq_messages IS
 'pgdq messages. Use the dq_* functions; the layout is internal and may change.';

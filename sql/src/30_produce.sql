@@ -245,6 +245,39 @@ BEGIN
 END
 $$;
 
+-- The usual batch, all of whose keys are new: insert it in key order with a
+-- plain INSERT, which checks each key once as it adds the index entry,
+-- where ON CONFLICT first probes the key index and then inserts
+-- speculatively. True when written; false, with nothing written, when a key
+-- exists or repeats (the caller then replays the batch key by key). Key
+-- order, as everywhere: two batches inserting the same new keys wait for
+-- each other instead of deadlocking.
+CREATE FUNCTION dq__offer_new(
+    queue text,
+    keys text[],
+    payloads jsonb[],
+    scheduled_ats timestamptz[],
+    now_at timestamptz
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+AS $$
+BEGIN
+    INSERT INTO @extschema@.dq_messages (
+        queue, key, payload, scheduled_at, due_at, created_at
+    )
+    SELECT
+        dq__offer_new.queue, e.k, e.p,
+        coalesce(e.s, now_at), coalesce(e.s, now_at), now_at
+    FROM unnest(keys, payloads, scheduled_ats) AS e (k, p, s)
+    ORDER BY e.k COLLATE "C";
+    RETURN TRUE;
+EXCEPTION WHEN unique_violation THEN  -- a key exists or repeats: undone
+    RETURN FALSE;
+END
+$$;
+
 -- Offer a batch: one (key, outcome) row per element, in input order, exactly
 -- as if dq_offer ran for each element in turn (docs/sql-reference.md).
 CREATE FUNCTION dq_offer_many(
@@ -275,6 +308,19 @@ BEGIN
     PERFORM @extschema@.dq__null_check(can_update IS NULL, 'can_update');
     PERFORM @extschema@.dq__check_offer_arrays(keys, payloads, scheduled_ats);
 
+    IF @extschema@.dq__offer_new(v_queue, keys, payloads, scheduled_ats, v_now) THEN
+        IF cardinality(keys) > 0 THEN
+            v_first_at := CASE
+                WHEN scheduled_ats IS NULL THEN v_now
+                ELSE (SELECT min(coalesce(s.s, v_now)) FROM unnest(scheduled_ats) AS s (s))
+            END;
+            PERFORM @extschema@.dq__wake_if_head(v_queue, v_first_at);
+        END IF;
+        RETURN QUERY SELECT k.k, 'created'::text FROM unnest(keys) AS k (k);
+        RETURN;
+    END IF;
+
+    -- Some key exists or repeats: replay the batch key by key.
     v_keys := ARRAY(SELECT DISTINCT k.k FROM unnest(keys) AS k (k));
     v_distinct := cardinality(v_keys) = cardinality(keys);
 

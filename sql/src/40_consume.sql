@@ -14,7 +14,7 @@ AS $$
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
     v_queue text := dq_poll_many.queue;
-    v_ids bigint[];
+    v_rows tid[];            -- the picked rows to lease, locked by this poll
     v_max_attempts integer;  -- dq_configure; NULL: no limit
     v_spent bigint[];        -- picked, but already delivered max_attempts times
 BEGIN
@@ -39,11 +39,11 @@ BEGIN
     -- concurrent poller holds are skipped, never waited for. The arrays keep
     -- every statement's plan on an index, generic or custom.
     SELECT
-        coalesce(array_agg(p.id), '{}'),
-        coalesce(array_agg(p.id) FILTER (WHERE p.attempts >= v_max_attempts), '{}')
-    INTO v_ids, v_spent
+        coalesce(array_agg(p.row_at) FILTER (WHERE NOT p.spent), '{}'),
+        coalesce(array_agg(p.id) FILTER (WHERE p.spent), '{}')
+    INTO v_rows, v_spent
     FROM (
-        SELECT m.id, m.attempts
+        SELECT m.ctid AS row_at, m.id, coalesce(m.attempts >= v_max_attempts, FALSE) AS spent
         FROM @extschema@.dq_messages AS m
         WHERE m.queue = v_queue AND m.due_at <= v_now
         ORDER BY m.due_at, m.id
@@ -57,24 +57,21 @@ BEGIN
     -- which error (dq__gave_up_error).
     IF cardinality(v_spent) > 0 THEN
         PERFORM @extschema@.dq__bury(v_spent, NULL::text, v_now, v_max_attempts);
-        v_ids := ARRAY(
-            SELECT i.id FROM unnest(v_ids) WITH ORDINALITY AS i (id, pos)
-            WHERE i.id <> ALL (v_spent)
-            ORDER BY i.pos
-        );
     END IF;
-    IF cardinality(v_ids) = 0 THEN
+    IF cardinality(v_rows) = 0 THEN
         RETURN;
     END IF;
 
+    -- The rows stay locked by this transaction, so their addresses (ctid)
+    -- still find them: one heap fetch each instead of a primary key lookup.
     RETURN QUERY
     WITH leased AS (
         UPDATE @extschema@.dq_messages AS m
         SET attempts = m.attempts + 1,
             lock_token = @extschema@.dq__token(m.id),
             due_at = v_now + lease
-        FROM unnest(v_ids) WITH ORDINALITY AS picked (id, pos)
-        WHERE m.id = picked.id
+        FROM unnest(v_rows) WITH ORDINALITY AS picked (row_at, pos)
+        WHERE m.ctid = picked.row_at
         RETURNING
             picked.pos,
             m.id, m.queue, m.key, m.payload, m.state, m.scheduled_at,
@@ -122,21 +119,24 @@ SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 DECLARE
     v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    v_rows tid[];
     v_deleted integer;
 BEGIN
     -- Rows are locked in (queue, key) order, the order dq_offer_many locks
     -- in, so a batch ack and a batch offer never deadlock.
-    WITH current_rows AS (
-        SELECT m.id
+    v_rows := ARRAY(
+        SELECT m.ctid
         FROM @extschema@.dq_messages AS m
         INNER JOIN unnest(lock_tokens) AS t (token)
             ON m.id = @extschema@.dq__token_id(t.token) AND m.lock_token = t.token
         ORDER BY m.queue, m.key
         FOR UPDATE OF m
-    )
+    );
+    -- Locked by this transaction, the rows are still at those addresses
+    -- (ctid): one heap fetch each instead of a second primary key lookup.
+    -- (A separate statement: its snapshot sees the versions just locked.)
     DELETE FROM @extschema@.dq_messages AS m
-    USING current_rows AS c
-    WHERE m.id = c.id;
+    WHERE m.ctid = ANY (v_rows);
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
     RETURN v_deleted;
 END
