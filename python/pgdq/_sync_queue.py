@@ -36,7 +36,7 @@ _OUTCOMES = {o.value: o for o in OfferOutcome}
 Source = Connection[Any] | ConnectionPool[Any] | str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Delivery(DecodedPayload):
     """A leased message (all dq_delivery fields) with its ack/nack/extend.
 
@@ -260,21 +260,22 @@ class Queue(_Base):
         return self.lease if lease is None else st.lease(lease)
 
     def _delivery(self, row: tuple[Any, ...]) -> Delivery:
-        """A delivery of a row; a payload the codec rejects becomes its decode_error."""
+        """A delivery built straight from a dq_delivery row (positionally: its
+        fields are in the row's order); a payload the codec rejects becomes its decode_error."""
         id_, queue, key, payload, state, scheduled_at, created_at, attempts, redelivery, token, until = row
         return Delivery(
-            id=id_,
-            queue=queue,
-            key=key,
-            raw_payload=payload,
-            state=state,
-            scheduled_at=scheduled_at,
-            created_at=created_at,
-            attempts=attempts,
-            redelivery=redelivery,
-            lock_token=token,
-            lease_until=until,
-            source=self,
+            id_,
+            queue,
+            key,
+            payload,
+            state,
+            scheduled_at,
+            created_at,
+            attempts,
+            redelivery,
+            token,
+            until,
+            self,
             **_decoding(self.codec, payload, queue, key),
         )
 
@@ -362,21 +363,9 @@ class Queue(_Base):
         return [self._peeked(row) for row in rows]
 
     def _peeked(self, row: tuple[Any, ...]) -> PeekedMessage:
-        """A peeked message of a dq_peek row; an undecodable payload becomes its decode_error."""
-        key, payload, state, scheduled_at, due_at, attempts, leased, lease_until, last_error = row
-        return PeekedMessage(
-            queue=self.name,
-            key=key,
-            raw_payload=payload,
-            state=state,
-            scheduled_at=scheduled_at,
-            due_at=due_at,
-            attempts=attempts,
-            leased=leased,
-            lease_until=lease_until,
-            last_error=last_error,
-            **_decoding(self.codec, payload, self.name, key),
-        )
+        """A peeked message of a dq_peek row (its fields in the row's order);
+        an undecodable payload becomes its decode_error."""
+        return PeekedMessage(self.name, *row, **_decoding(self.codec, row[1], self.name, row[0]))
 
     def stats(self, *, conn: Connection[Any] | None = None) -> QueueStats:
         """Ready, delayed and leased counts of the queue (dq_stats)."""

@@ -39,6 +39,8 @@ class DecodedPayload:
     payload_type) spoils only its own message, never the read that returned
     it; raw_payload keeps the JSON value as stored."""
 
+    __slots__ = ()  # the result classes that use it keep their fields in slots
+
     decode_error: PayloadDecodeError | None
     _decoded: Any
 
