@@ -408,7 +408,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a tenth of every count, one run each (smoke run)")
     args = parser.parse_args()
     SCALE = 0.1 if args.quick else 1.0
-    names = args.systems.split(",")
+    names = [name for name in args.systems.split(",") if runnable(SYSTEMS[name])]
     samples: dict[str, dict[str, list[float]]] = {name: {} for name in names}
     for w in args.workloads.split(","):
         runs = args.repeat if w in REPEATED and not args.quick else 1
@@ -430,6 +430,14 @@ def main() -> int:
     return 0
 
 
+def runnable(system: System) -> bool:
+    """Whether system can run here; says why not when it cannot."""
+    reason = getattr(system, "available", lambda: None)()
+    if reason:
+        console.print(f"[yellow]{reason}[/]")
+    return not reason
+
+
 def fmt(measure: str, value: float | None) -> str:
     """A cell: milliseconds with 3 decimals, rates as whole numbers."""
     if value is None:
@@ -439,20 +447,24 @@ def fmt(measure: str, value: float | None) -> str:
     return f"{value:,.3f}" if measure.endswith((" ms", " MB")) else f"{value:,.0f}"
 
 
+OURS = ("pgdq", "pgdq SQL")  # the two ways of calling pgdq
+BASELINES = ("raw SQL", "PGMQ")  # what they are measured against
+
+
 def render(results: dict[str, dict[str, float]]) -> str:
-    """A markdown table: one row per measure, one column per system, plus pgdq / raw."""
+    """A markdown table: one row per measure, one column per system, then one
+    ratio column per (way of calling pgdq, baseline) that both ran."""
     names = list(results)
     measures = list(dict.fromkeys(m for r in results.values() for m in r))
-    head = "| measure | " + " | ".join(names) + (" | pgdq / raw SQL |" if {"pgdq", "raw SQL"} <= set(names) else " |")
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    pairs = [(ours, base) for ours in OURS for base in BASELINES if ours in results and base in results]
+    head = "| measure | " + " | ".join(names + [f"{ours} / {base}" for ours, base in pairs]) + " |"
+    lines = [head, "|" + "---|" * (len(names) + len(pairs) + 1)]
     for m in measures:
         cells = [fmt(m, results[s].get(m)) for s in names]
-        ratio = ""
-        if {"pgdq", "raw SQL"} <= set(names) and m in results["pgdq"] and m in results["raw SQL"]:
-            ratio = f" {results['pgdq'][m] / results['raw SQL'][m]:.2f} |"
-        elif {"pgdq", "raw SQL"} <= set(names):
-            ratio = " |"
-        lines.append(f"| {m} | " + " | ".join(cells) + " |" + ratio)
+        for ours, base in pairs:
+            mine, theirs = results[ours].get(m), results[base].get(m)
+            cells.append(f"{mine / theirs:.2f}" if mine and theirs else "")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 from pgdq import AsyncQueue, install
 from pgdq._script import released_install_script
+from psycopg.types.json import Jsonb
 
 QUEUE = "bench"
 LEASE = timedelta(seconds=60)
@@ -86,9 +87,7 @@ class RawSql(System):
     two round trips per drained batch. The practical ceiling of the machine."""
 
     name = "raw SQL"
-    settings = (
-        "INSERT … SELECT unnest(keys, payloads from one JSON array); UPDATE … WHERE id IN (… SKIP LOCKED); DELETE by id"
-    )
+    settings = "INSERT … SELECT unnest(keys, payloads jsonb[]); UPDATE … WHERE id IN (… SKIP LOCKED); DELETE by id"
 
     def setup(self, conninfo: str) -> None:
         with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -103,11 +102,9 @@ class RawSql(System):
 
     async def enqueue_batch(self, h: Any, keys: list[str], payloads: list[Any]) -> None:
         await h.execute(
-            # payloads as one JSON array document, as pgdq's client sends them
             "INSERT INTO raw_jobs (queue, key, payload) SELECT %s, k, p"
-            " FROM unnest(%s::text[], ARRAY(SELECT jsonb_array_elements(%s::jsonb))) AS u (k, p)"
-            " ON CONFLICT DO NOTHING",
-            (QUEUE, keys, json.dumps(payloads)),
+            " FROM unnest(%s::text[], %s::jsonb[]) AS u (k, p) ON CONFLICT DO NOTHING",
+            (QUEUE, keys, [Jsonb(p) for p in payloads]),
         )
 
     async def offer_one(self, h: Any, key: str, payload: Any) -> None:
@@ -123,7 +120,7 @@ class RawSql(System):
             " ORDER BY run_at, id LIMIT %s FOR UPDATE SKIP LOCKED) RETURNING id, key, payload",
             (LEASE, QUEUE, n),
         )
-        return [r[0] for r in await cur.fetchall()]
+        return [row[0] for row in await cur.fetchall()]
 
     async def ack_batch(self, h: Any, tokens: list[Any]) -> None:
         await h.execute("DELETE FROM raw_jobs WHERE id = ANY(%s)", (tokens,))
@@ -182,6 +179,91 @@ class PgdqReleased(Pgdq):
     def setup(self, conninfo: str) -> None:
         with psycopg.connect(conninfo, autocommit=True) as conn, conn.transaction():
             conn.execute(released_install_script("1.0.0").encode())
+
+
+class PgdqSql(System):
+    """pgdq through its SQL functions directly, as a psql or JDBC user calls
+    them (payloads as a jsonb[] array, every result row fetched): no wrapper."""
+
+    name = "pgdq SQL"
+    settings = "dq_offer_many(keys text[], payloads jsonb[]); dq_poll_many + dq_ack_many; dq_offer; dq_poll + dq_ack"
+
+    def setup(self, conninfo: str) -> None:
+        Pgdq().setup(conninfo)
+
+    async def enqueue_batch(self, h: Any, keys: list[str], payloads: list[Any]) -> None:
+        cur = await h.execute(
+            "SELECT * FROM dq_offer_many(%s, %s::text[], %s::jsonb[])", (QUEUE, keys, [Jsonb(p) for p in payloads])
+        )
+        await cur.fetchall()
+
+    async def offer_one(self, h: Any, key: str, payload: Any) -> None:
+        await h.execute("SELECT dq_offer(%s, %s, %s)", (QUEUE, key, Jsonb(payload)))
+
+    async def poll_batch(self, h: Any, n: int) -> list[Any]:
+        cur = await h.execute("SELECT * FROM dq_poll_many(%s, %s, %s)", (QUEUE, n, LEASE))
+        return [row[9] for row in await cur.fetchall()]  # lock_token
+
+    async def ack_batch(self, h: Any, tokens: list[Any]) -> None:
+        await h.execute("SELECT dq_ack_many(%s::uuid[])", (tokens,))
+
+    async def poll_one(self, h: Any) -> Any | None:
+        cur = await h.execute("SELECT * FROM dq_poll(%s, %s)", (QUEUE, LEASE))
+        row = await cur.fetchone()
+        return None if row is None else row[9]
+
+    async def ack_one(self, h: Any, token: Any) -> None:
+        await h.execute("SELECT dq_ack(%s)", (token,))
+
+
+# PGMQ's install script (tembo-io/pgmq 1.5.1, pgmq-extension/sql/pgmq.sql): not
+# shipped here; PGDQ_PGMQ_SQL names a copy, else the benchmark machines' one.
+PGMQ_SQL = Path(
+    os.environ.get("PGDQ_PGMQ_SQL") or Path(__file__).resolve().parent.parent.parent / "shared/peers/pgmq-1.5.1.sql"
+)
+
+
+class Pgmq(System):
+    """PGMQ 1.5.1 (../shared/peers, installed with psql) through its SQL
+    functions: send_batch / send, read + delete. A logged queue
+    (pgmq.create): create_unlogged is faster but loses messages in a crash."""
+
+    name = "PGMQ"
+    settings = "pgmq.create; send_batch(jsonb[]) / send; read(vt, qty) + delete(bigint[]) / delete(bigint)"
+    VT = int(LEASE.total_seconds())
+
+    @staticmethod
+    def available() -> str | None:
+        """Why PGMQ cannot run here, or None."""
+        return None if PGMQ_SQL.exists() else f"PGMQ skipped: no install script at {PGMQ_SQL} (set PGDQ_PGMQ_SQL)"
+
+    def setup(self, conninfo: str) -> None:
+        dbname = psycopg.conninfo.conninfo_to_dict(conninfo)["dbname"]
+        subprocess.run(
+            ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", str(dbname), "-f", str(PGMQ_SQL)],
+            check=True,
+            capture_output=True,
+        )
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute("SELECT pgmq.create(%s)", (QUEUE,))
+
+    async def enqueue_batch(self, h: Any, keys: list[str], payloads: list[Any]) -> None:
+        cur = await h.execute("SELECT * FROM pgmq.send_batch(%s, %s::jsonb[])", (QUEUE, [Jsonb(p) for p in payloads]))
+        await cur.fetchall()
+
+    async def offer_one(self, h: Any, key: str, payload: Any) -> None:
+        await h.execute("SELECT * FROM pgmq.send(%s, %s)", (QUEUE, Jsonb(payload)))
+
+    async def poll_batch(self, h: Any, n: int) -> list[Any]:
+        cur = await h.execute("SELECT * FROM pgmq.read(%s, %s, %s)", (QUEUE, self.VT, n))
+        return [row[0] for row in await cur.fetchall()]  # msg_id
+
+    async def ack_batch(self, h: Any, tokens: list[Any]) -> None:
+        cur = await h.execute("SELECT * FROM pgmq.delete(%s, %s::bigint[])", (QUEUE, tokens))
+        await cur.fetchall()
+
+    async def ack_one(self, h: Any, token: Any) -> None:
+        await h.execute("SELECT pgmq.delete(%s, %s::bigint)", (QUEUE, token))
 
 
 class PgQueuer(System):
@@ -340,7 +422,9 @@ class Procrastinate(System):
         return asyncio.run(go())
 
 
-SYSTEMS: dict[str, System] = {s.name: s for s in (RawSql(), Pgdq(), PgdqReleased(), PgQueuer(), Procrastinate())}
+SYSTEMS: dict[str, System] = {
+    s.name: s for s in (RawSql(), Pgdq(), PgdqSql(), PgdqReleased(), Pgmq(), PgQueuer(), Procrastinate())
+}
 
 
 GRAPHILE = Path(__file__).resolve().parent / "graphile"
