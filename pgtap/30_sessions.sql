@@ -12,7 +12,7 @@ CREATE FUNCTION pg_temp.here() RETURNS text LANGUAGE sql AS $$
     )
 $$;
 CREATE EXTENSION IF NOT EXISTS dblink;
-SELECT plan(34);
+SELECT plan(37);
 SELECT dblink_connect('producer', pg_temp.here());
 SELECT dblink_connect('holder', pg_temp.here());
 SELECT dblink_connect('listener', pg_temp.here());
@@ -200,6 +200,31 @@ SELECT is(
 );
 SELECT pg_temp.remote('producer', $$SELECT dq_dead_purge('t_dr')$$);
 
+-- a transaction's first write inserts a batch of new keys in one try; a
+-- batch whose existing key sorts between new ones (here m) is undone and
+-- replayed (the producer session commits each call: each is a first write)
+SELECT pg_temp.remote('producer', $$SELECT dq_purge('t_mid')$$);
+SELECT is(
+    (SELECT t.o FROM dblink('producer', $$SELECT dq_offer('t_mid', 'm', '1')$$) AS t (o text)),
+    'created', 'm exists'
+);
+SELECT results_eq(
+    $$SELECT t.k, t.o FROM dblink(
+        'producer',
+        'SELECT key, outcome FROM dq_offer_many(''t_mid'', ARRAY[''z'', ''a'', ''m''], ARRAY[''1'', ''1'', ''2'']::jsonb[])'
+    ) AS t (k text, o text)$$,
+    $$VALUES ('z', 'created'), ('a', 'created'), ('m', 'updated')$$,
+    'a batch with an existing key among new ones: each outcome as dq_offer gives it'
+);
+SELECT is(
+    (
+        SELECT array_agg(t.k ORDER BY t.k)
+        FROM dblink('producer', $$SELECT key FROM dq_messages WHERE queue = 't_mid'$$) AS t (k text)
+    ),
+    ARRAY['a', 'm', 'z'],
+    'one row per key: nothing left from the undone try'
+);
+
 -- an ack that waits for a concurrent extend of its delivery deletes the
 -- message once the extend commits (it finds the row version it locked)
 SELECT pg_temp.remote('producer', $$SELECT dq_purge('t_ackx')$$);
@@ -227,3 +252,4 @@ SELECT * FROM finish();
 ROLLBACK;
 -- the messages were committed by the other sessions: remove them
 SELECT dq_purge('t_sess') + dq_purge('t_sess2') + dq_purge('t_wake') + dq_purge('t_wake2') AS removed;
+SELECT dq_purge('t_mid') + dq_purge('t_ackx') AS removed;

@@ -308,7 +308,12 @@ BEGIN
     PERFORM @extschema@.dq__null_check(can_update IS NULL, 'can_update');
     PERFORM @extschema@.dq__check_offer_arrays(keys, payloads, scheduled_ats);
 
-    IF @extschema@.dq__offer_new(v_queue, keys, payloads, scheduled_ats, v_now) THEN
+    -- The fast path runs in a subtransaction (its EXCEPTION block), so only
+    -- a transaction's first write takes it: a transaction never holds more
+    -- than one of pgdq's, far below the 64 a backend caches (past them every
+    -- other session's snapshots slow down until the transaction ends).
+    IF pg_current_xact_id_if_assigned() IS NULL
+        AND @extschema@.dq__offer_new(v_queue, keys, payloads, scheduled_ats, v_now) THEN
         IF cardinality(keys) > 0 THEN
             v_first_at := CASE
                 WHEN scheduled_ats IS NULL THEN v_now

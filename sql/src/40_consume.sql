@@ -90,9 +90,15 @@ CREATE FUNCTION dq_poll(
     queue text,
     lease interval DEFAULT '5 minutes'
 ) RETURNS SETOF dq_delivery
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT * FROM @extschema@.dq_poll_many(queue, 1, lease) $$;
+AS $$
+BEGIN
+    -- plpgsql, not sql: a SQL function that cannot be inlined (its SET
+    -- clause) is planned anew on every call, a fifth of an empty poll's time
+    RETURN QUERY SELECT * FROM @extschema@.dq_poll_many(dq_poll.queue, 1, dq_poll.lease);
+END
+$$;
 
 -- Delete the message whose current delivery is lock_token; false when stale.
 CREATE FUNCTION dq_ack(lock_token uuid) RETURNS boolean
