@@ -40,6 +40,28 @@ def test_ten_threads_offer_one_key(database: str, queue_name: str) -> None:
         assert outcomes[OfferOutcome.UPDATED] + outcomes[OfferOutcome.IGNORED] == 9
 
 
+def test_concurrent_batches_of_the_same_new_keys_create_each_once(database: str, queue_name: str) -> None:
+    """Four sessions offer the same 300 new keys at once, in their own orders:
+    each tries one plain insert, the losers undo it and replay; every key is
+    created exactly once, and the other outcomes are updates."""
+    keys = [f"n{i}" for i in range(300)]
+
+    def offer_all(i: int, barrier: threading.Barrier) -> list[tuple[str, OfferOutcome]]:
+        order = keys[:]
+        random.Random(i).shuffle(order)
+        with Queue(queue_name, database) as q:
+            q.version()
+            barrier.wait()
+            return [(r.key, r.outcome) for r in q.offer_many([(k, {"writer": i}) for k in order])]
+
+    results = run_together(4, offer_all)
+    created = Counter(key for batch in results for key, outcome in batch if outcome is OfferOutcome.CREATED)
+    assert created == Counter(keys), "each key created by exactly one batch"
+    others = Counter(outcome for batch in results for _, outcome in batch if outcome is not OfferOutcome.CREATED)
+    assert others == Counter({OfferOutcome.UPDATED: 900}), others  # each writer's payload differs
+    assert Queue(queue_name, database).stats().ready == 300
+
+
 def test_ten_consumers_drain_500_exactly_once(database: str, queue_name: str) -> None:
     Queue(queue_name, database).offer_many([(f"m{i}", i) for i in range(500)])
 
