@@ -1,7 +1,7 @@
 -- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
 -- defaults, security settings, the dq_delivery type, dq_now and dq_version.
 BEGIN;
-SELECT plan(88);
+SELECT plan(94);
 
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
@@ -14,9 +14,9 @@ SELECT is(
         'id bigint', 'queue text', 'key text', 'payload jsonb', 'state jsonb',
         'scheduled_at timestamp with time zone', 'created_at timestamp with time zone',
         'attempts integer', 'redelivery boolean', 'lock_token uuid',
-        'lease_until timestamp with time zone'
+        'lease_until timestamp with time zone', 'channel text', 'priority integer'
     ],
-    'dq_delivery has exactly the api-v1 fields in order'
+    'dq_delivery has exactly the api-v1.1 fields in order'
 );
 
 -- signature, result type and defaults of each public function
@@ -35,12 +35,12 @@ CREATE TEMP TABLE expected (fn text, args text, result text);
 INSERT INTO expected VALUES
 (
     'dq_offer',
-    'queue text, key text, payload jsonb, scheduled_at timestamp with time zone DEFAULT NULL::timestamp with time zone, can_update boolean DEFAULT true',  -- noqa: LT05
+    'queue text, key text, payload jsonb, scheduled_at timestamp with time zone DEFAULT NULL::timestamp with time zone, can_update boolean DEFAULT true, channel text DEFAULT NULL::text, priority integer DEFAULT 0',  -- noqa: LT05
     'text'
 ),
 (
     'dq_offer_many',
-    'queue text, keys text[], payloads jsonb[], scheduled_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], can_update boolean DEFAULT true',  -- noqa: LT05
+    'queue text, keys text[], payloads jsonb[], scheduled_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], can_update boolean DEFAULT true, channels text[] DEFAULT NULL::text[], priorities integer[] DEFAULT NULL::integer[]',  -- noqa: LT05
     'TABLE(key text, outcome text)'
 ),
 ('dq_poll', 'queue text, lease interval DEFAULT ''00:05:00''::interval', 'SETOF dq_delivery'),
@@ -62,7 +62,7 @@ INSERT INTO expected VALUES
 (
     'dq_get',
     'queue text, key text',
-    'TABLE(queue text, key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, due_at timestamp with time zone, attempts integer, leased boolean, created_at timestamp with time zone)'  -- noqa: LT05
+    'TABLE(queue text, key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, due_at timestamp with time zone, attempts integer, leased boolean, created_at timestamp with time zone, channel text, priority integer)'  -- noqa: LT05
 ),
 ('dq_purge', 'queue text', 'bigint'),
 (
@@ -118,6 +118,17 @@ INSERT INTO expected VALUES
     'timestamp with time zone'
 ),
 ('dq_schedule_remove', 'queue text, name text', 'boolean'),
+(
+    'dq_channel_set',
+    'queue text, channel text, max_concurrency integer DEFAULT NULL::integer, min_interval interval DEFAULT NULL::interval',  -- noqa: LT05
+    'void'
+),
+('dq_channel_remove', 'queue text, channel text', 'boolean'),
+(
+    'dq_channels',
+    'queue text',
+    'TABLE(channel text, max_concurrency integer, min_interval interval, ready bigint, delayed bigint, leased bigint, last_leased_at timestamp with time zone)'  -- noqa: LT05
+),
 (
     'dq_schedules',
     'queue text DEFAULT NULL::text',
@@ -221,8 +232,11 @@ SELECT is(
         INNER JOIN pg_class AS c ON x.oid = c.oid
         WHERE e.extname = 'pgdq'
     ),
-    ARRAY['dq_dead_letters', 'dq_messages', 'dq_messages_id_seq', 'dq_queues', 'dq_schedules'],
-    'pg_dump keeps every table and the id sequence of an extension install'
+    ARRAY[
+        'dq_dead_letters', 'dq_groups', 'dq_messages', 'dq_messages_id_seq', 'dq_queues', 'dq_schedules',
+        'dq_turns'
+    ],
+    'pg_dump keeps every table and sequence of an extension install'
 );
 
 SELECT * FROM finish();

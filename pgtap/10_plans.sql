@@ -100,8 +100,8 @@ SELECT
     unalike(
         pg_temp.plan_of(
             format(
-                $$SELECT %s FROM (SELECT 'k'::text, interval '1 min', now(), 1::bigint, gen_random_uuid(), '1'::jsonb OFFSET 0)$$
-                || ' AS a (t, l, n, i, u, j)',
+                $$SELECT %s FROM (SELECT 'k'::text, interval '1 min', now(), 1::bigint, gen_random_uuid(), '1'::jsonb, 0 OFFSET 0)$$
+                || ' AS a (t, l, n, i, u, j, p)',
                 h.expr
             )
         ),
@@ -115,7 +115,7 @@ FROM (
     ('dq__valid_lease', 'dq__valid_lease(a.l, a.n)'),
     ('dq__token', 'dq__token(a.i)'),
     ('dq__token_id', 'dq__token_id(a.u)'),
-    ('dq__same_offer', 'dq__same_offer(a.j, a.n, a.j, a.n)'),
+    ('dq__same_offer', 'dq__same_offer(a.j, a.n, a.t, a.p, a.j, a.n, a.t, a.p)'),
     ('dq__valid_queue', 'dq__valid_queue(a.t)'),
     ('dq__valid_key', 'dq__valid_key(a.t)'),
     ('dq__is_leased', 'dq__is_leased(a.u, a.n, a.n)')

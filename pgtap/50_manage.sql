@@ -42,7 +42,8 @@ SELECT results_eq(
 SELECT results_eq(
     $$SELECT * FROM dq_get('t_mng', 'lease_me')$$,
     $$VALUES ('t_mng'::text, 'lease_me'::text, '5'::jsonb, NULL::jsonb, '2024-01-01 08:00:00+00'::timestamptz,
-              '2024-01-01 10:10:00+00'::timestamptz, 1, true, '2024-01-01 10:00:00+00'::timestamptz)$$,
+              '2024-01-01 10:10:00+00'::timestamptz, 1, true, '2024-01-01 10:00:00+00'::timestamptz,
+              NULL::text, 0)$$,
     'dq_get of a leased message: due_at is lease_until, leased is true'
 );
 SELECT is((SELECT leased FROM dq_get('t_mng', 'expire_me')), FALSE, 'leased is false once the lease ran out');

@@ -34,8 +34,117 @@ DROP FUNCTION dq__materialise(text, timestamptz);
 DROP FUNCTION dq__get(text, text);
 DROP FUNCTION dq__stats(text);
 DROP FUNCTION dq__dead_list(text, integer);
--- The poll index's entries are unique: deduplication only cost time (1.1).
-ALTER INDEX @extschema@.dq_messages_due SET (deduplicate_items = off);
+-- Channels and priority (1.1). A message's channel ('' for none) and
+-- priority: new columns with defaults, added without a rewrite.
+ALTER TABLE @extschema@.dq_messages
+    ADD COLUMN channel text COLLATE "C" NOT NULL DEFAULT '',
+    ADD COLUMN priority integer NOT NULL DEFAULT 0;
+-- The poll index keeps the plain messages (every message of a 1.0.0 queue),
+-- with its entries unique (deduplication only cost time); the others get
+-- their own. Rebuilding it reads the table once.
+DROP INDEX @extschema@.dq_messages_due;
+CREATE INDEX dq_messages_due ON @extschema@.dq_messages (queue, due_at, id)
+WITH (deduplicate_items = off)
+WHERE channel = '' AND priority = 0;
+CREATE INDEX dq_messages_grouped ON @extschema@.dq_messages (queue, channel, priority DESC, due_at, id)
+WITH (deduplicate_items = off)
+WHERE channel <> '' OR priority <> 0;
+CREATE INDEX dq_messages_leases ON @extschema@.dq_messages (queue, channel, due_at)
+WHERE lock_token IS NOT NULL AND channel <> '';
+-- A redriven dead letter goes back to its channel and priority.
+ALTER TABLE @extschema@.dq_dead_letters
+    ADD COLUMN channel text COLLATE "C" NOT NULL DEFAULT '',
+    ADD COLUMN priority integer NOT NULL DEFAULT 0;
+-- The groups and their turn order (sql/src/10_storage.sql).
+CREATE TABLE @extschema@.dq_groups (
+    queue text COLLATE "C" NOT NULL,
+    channel text COLLATE "C" NOT NULL,
+    max_concurrency integer CONSTRAINT dq_groups_max_concurrency CHECK (max_concurrency >= 1),
+    min_interval interval CONSTRAINT dq_groups_min_interval CHECK (min_interval > '0'),
+    turn bigint,
+    last_leased_at timestamptz,
+    first_due timestamptz NOT NULL,
+    wake_at timestamptz,
+    CONSTRAINT dq_groups_pkey PRIMARY KEY (queue, channel)
+);
+CREATE INDEX dq_groups_turns ON @extschema@.dq_groups (queue, turn NULLS FIRST, first_due, channel)
+WHERE wake_at IS NULL;
+CREATE INDEX dq_groups_wakes ON @extschema@.dq_groups (queue, wake_at)
+WHERE wake_at IS NOT NULL;
+CREATE SEQUENCE @extschema@.dq_turns AS bigint;
+COMMENT ON TABLE @extschema@.dq_groups IS
+'pgdq channels and turn order. Use the dq_channel* functions; the layout is internal and may change.';
+-- Every role that could use pgdq 1.0.0 keeps working (every poll reads
+-- dq_groups): dq_groups gets the privileges each role, PUBLIC included, has
+-- on dq_messages, and the turns sequence goes to each that may update it.
+-- Row-level security on dq_messages carries over too: its policies are
+-- copied to dq_groups, whose queue column they can read as they read
+-- dq_messages' (docs/security.md). Names come from the catalogs, quoted.
+DO $carry_over$
+DECLARE
+    v_schema text := pg_catalog.current_schema();
+    v_messages pg_catalog.regclass := pg_catalog.format('%I.dq_messages', pg_catalog.current_schema());
+    v_grant record;
+    v_policy record;
+BEGIN
+    FOR v_grant IN
+        SELECT
+            CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE a.grantee::pg_catalog.regrole::text END
+                AS grantee,
+            a.privilege_type
+        FROM pg_catalog.pg_class AS c
+        CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) AS a
+        WHERE c.oid OPERATOR(pg_catalog.=) v_messages
+            AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+            AND a.privilege_type OPERATOR(pg_catalog.=) ANY(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE'])
+    LOOP
+        EXECUTE pg_catalog.format('GRANT %s ON %I.dq_groups TO %s', v_grant.privilege_type, v_schema, v_grant.grantee);
+        IF v_grant.privilege_type OPERATOR(pg_catalog.=) 'UPDATE' THEN
+            EXECUTE pg_catalog.format('GRANT SELECT, USAGE ON SEQUENCE %I.dq_turns TO %s', v_schema, v_grant.grantee);
+        END IF;
+    END LOOP;
+    IF (SELECT c.relrowsecurity FROM pg_catalog.pg_class AS c WHERE c.oid OPERATOR(pg_catalog.=) v_messages) THEN
+        EXECUTE pg_catalog.format('ALTER TABLE %I.dq_groups ENABLE ROW LEVEL SECURITY', v_schema);
+        FOR v_policy IN
+            SELECT
+                p.polname,
+                CASE WHEN p.polpermissive THEN 'PERMISSIVE' ELSE 'RESTRICTIVE' END AS kind,
+                CASE p.polcmd
+                    WHEN 'r' THEN 'SELECT' WHEN 'a' THEN 'INSERT' WHEN 'w' THEN 'UPDATE' WHEN 'd' THEN 'DELETE'
+                    ELSE 'ALL'
+                END AS command,
+                (
+                    SELECT pg_catalog.string_agg(
+                        CASE WHEN r.oid OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE r.oid::pg_catalog.regrole::text END,
+                        ', '
+                    )
+                    FROM pg_catalog.unnest(p.polroles) AS r (oid)
+                ) AS roles,
+                ' USING (' OPERATOR(pg_catalog.||) pg_catalog.pg_get_expr(p.polqual, p.polrelid)
+                    OPERATOR(pg_catalog.||) ')' AS using_clause,
+                ' WITH CHECK (' OPERATOR(pg_catalog.||) pg_catalog.pg_get_expr(p.polwithcheck, p.polrelid)
+                    OPERATOR(pg_catalog.||) ')' AS check_clause
+            FROM pg_catalog.pg_policy AS p
+            WHERE p.polrelid OPERATOR(pg_catalog.=) v_messages
+        LOOP
+            EXECUTE pg_catalog.format(
+                'CREATE POLICY %I ON %I.dq_groups AS %s FOR %s TO %s%s%s',
+                v_policy.polname, v_schema, v_policy.kind, v_policy.command, v_policy.roles,
+                coalesce(v_policy.using_clause, ''), coalesce(v_policy.check_clause, '')
+            );
+        END LOOP;
+    END IF;
+END
+$carry_over$;
+-- A delivery and dq_get's rows say the message's channel and priority;
+-- dq_offer and dq_offer_many take them (new arguments, new signatures).
+ALTER TYPE @extschema@.dq_delivery ADD ATTRIBUTE channel text, ADD ATTRIBUTE priority integer;
+DROP FUNCTION dq_get(text, text);
+DROP FUNCTION dq_offer(text, text, jsonb, timestamptz, boolean);
+DROP FUNCTION dq_offer_many(text, text[], jsonb[], timestamptz[], boolean);
+DROP FUNCTION dq__same_offer(jsonb, timestamptz, jsonb, timestamptz);
+DROP FUNCTION dq__offer_chain(text[], jsonb[], timestamptz[], boolean, timestamptz, text[], jsonb[], timestamptz[]);
+DROP FUNCTION dq__check_offer_arrays(text[], jsonb[], timestamptz[]);
 
 -- Every function of 1.1.0, as sql/src defines it.
 -- The time dq.now pins the clock to (STRICT: never called when it is unset);
@@ -155,6 +264,30 @@ AS $$ SELECT @extschema@.dq__valid_name(key, @extschema@.dq__key_max_length()) $
 CREATE OR REPLACE FUNCTION dq__check_key(key text, arg_name text) RETURNS void
 LANGUAGE sql IMMUTABLE
 AS $$ SELECT @extschema@.dq__check_name(key, arg_name, @extschema@.dq__key_max_length()) $$;
+
+-- The longest channel name, in characters (docs/sql-reference.md, Names).
+CREATE OR REPLACE FUNCTION dq__channel_max_length() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 100::pg_catalog.int4 $$;
+
+-- True when channel is NULL (none) or follows the channel name rule (inlines).
+CREATE OR REPLACE FUNCTION dq__valid_channel(channel text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT channel IS NULL
+        OR @extschema@.dq__valid_name(channel, @extschema@.dq__channel_max_length())
+$$;
+
+-- Raise 22023 naming arg_name unless channel is NULL or follows the rule.
+CREATE OR REPLACE FUNCTION dq__check_channel(channel text, arg_name text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF channel IS NOT NULL THEN
+        PERFORM @extschema@.dq__check_name(channel, arg_name, @extschema@.dq__channel_max_length());
+    END IF;
+END
+$$;
 
 -- The most characters of a consumer's error a message keeps (dq_nack keeps
 -- the last ones: a traceback ends with the exception).
@@ -333,19 +466,26 @@ AS $$
     )
 $$;
 
--- True when an offer of (new_payload, new_at) matches the stored version, so
--- that it changes nothing: same payload, and a NULL time matches any time.
+-- True when an offer of (new_payload, new_at, new_channel, new_priority)
+-- matches the stored version, so that it changes nothing: same payload,
+-- channel ('' for none) and priority, and a NULL time matches any time.
 -- Operators are schema-qualified so the planner can inline this function.
 CREATE OR REPLACE FUNCTION dq__same_offer(
     stored_payload jsonb,
     stored_at timestamptz,
+    stored_channel text,
+    stored_priority integer,
     new_payload jsonb,
-    new_at timestamptz
+    new_at timestamptz,
+    new_channel text,
+    new_priority integer
 ) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT stored_payload OPERATOR(pg_catalog.=) new_payload
         AND (new_at IS NULL OR new_at OPERATOR(pg_catalog.=) stored_at)
+        AND stored_channel OPERATOR(pg_catalog.=) new_channel
+        AND stored_priority OPERATOR(pg_catalog.=) new_priority
 $$;
 
 -- Wake idle consumers of queue; sent at commit, one per queue per transaction.
@@ -356,7 +496,9 @@ AS $$ SELECT pg_catalog.pg_notify('dq_wakeup', queue) $$;
 -- Wake idle consumers of queue (dq__wake) when a message this statement
 -- wrote, due at written_at, is due no later than every other message of the
 -- queue it can see: only then could a consumer sleeping until dq_next_due
--- oversleep. Writes behind the head stay silent, so busy producers do not
+-- oversleep. (For a message with no channel and priority 0; in a queue with
+-- channels that compares it with the other such messages only, which can
+-- wake consumers needlessly but never lets one oversleep.) Writes behind the head stay silent, so busy producers do not
 -- serialise on the server's notification lock (docs/sql-reference.md, Wake-ups).
 CREATE OR REPLACE FUNCTION dq__wake_if_head(queue text, written_at timestamptz) RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -366,6 +508,7 @@ BEGIN
     IF written_at OPERATOR(pg_catalog.<=) (
         SELECT m.due_at FROM @extschema@.dq_messages AS m
         WHERE m.queue OPERATOR(pg_catalog.=) dq__wake_if_head.queue
+            AND m.channel OPERATOR(pg_catalog.=) '' AND m.priority OPERATOR(pg_catalog.=) 0
         ORDER BY m.due_at
         LIMIT 1
     ) THEN
@@ -380,7 +523,9 @@ CREATE OR REPLACE FUNCTION dq_offer(
     key text,
     payload jsonb,
     scheduled_at timestamptz DEFAULT NULL,
-    can_update boolean DEFAULT TRUE
+    can_update boolean DEFAULT TRUE,
+    channel text DEFAULT NULL,
+    priority integer DEFAULT 0
 ) RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -390,6 +535,8 @@ AS $$
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
     v_at timestamptz := coalesce(dq_offer.scheduled_at, v_now);
+    v_channel text := coalesce(dq_offer.channel, '');
+    v_priority integer := coalesce(dq_offer.priority, 0);
     v_inserted boolean;
 BEGIN
     -- one cheap test on the hot path; the checks say what is wrong
@@ -397,20 +544,22 @@ BEGIN
         OR NOT @extschema@.dq__valid_key(dq_offer.key)
         OR dq_offer.payload IS NULL
         OR dq_offer.can_update IS NULL
-        OR NOT coalesce(isfinite(dq_offer.scheduled_at), TRUE) THEN
+        OR NOT coalesce(isfinite(dq_offer.scheduled_at), TRUE)
+        OR NOT @extschema@.dq__valid_channel(dq_offer.channel) THEN
         PERFORM @extschema@.dq__check_queue(dq_offer.queue);
         PERFORM @extschema@.dq__check_key(dq_offer.key, 'key');
         PERFORM @extschema@.dq__null_check(dq_offer.payload IS NULL, 'payload');
         PERFORM @extschema@.dq__null_check(dq_offer.can_update IS NULL, 'can_update');
         PERFORM @extschema@.dq__check_finite(dq_offer.scheduled_at, 'scheduled_at');
+        PERFORM @extschema@.dq__check_channel(dq_offer.channel, 'channel');
     END IF;
 
     -- ON CONFLICT makes concurrent offers of one key wait for each other
     -- instead of failing: one creates, the others update or ignore.
     INSERT INTO @extschema@.dq_messages AS m (
-        queue, key, payload, scheduled_at, due_at, created_at
+        queue, key, payload, scheduled_at, due_at, created_at, channel, priority
     )
-    VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now)
+    VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now, v_channel, v_priority)
     ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO UPDATE
         SET payload = excluded.payload,
             scheduled_at = excluded.scheduled_at,
@@ -419,18 +568,28 @@ BEGIN
             attempts = 0,
             state = NULL,
             last_error = NULL,
-            lock_token = NULL
+            lock_token = NULL,
+            channel = excluded.channel,
+            priority = excluded.priority
         WHERE dq_offer.can_update
             AND NOT @extschema@.dq__same_offer(
-                m.payload, m.scheduled_at,
-                excluded.payload, dq_offer.scheduled_at
+                m.payload, m.scheduled_at, m.channel, m.priority,
+                excluded.payload, dq_offer.scheduled_at, excluded.channel, excluded.priority
             )
     RETURNING m.xmax = 0 INTO v_inserted;  -- xmax is 0 on a fresh insert
 
     IF NOT FOUND THEN
         RETURN 'ignored';
     END IF;
-    PERFORM @extschema@.dq__wake_if_head(dq_offer.queue, v_at);
+    IF v_channel = '' AND v_priority = 0 THEN
+        PERFORM @extschema@.dq__wake_if_head(dq_offer.queue, v_at);
+    ELSE
+        -- an update drops any lease: its slot may be free
+        PERFORM @extschema@.dq__groups_touch(
+            dq_offer.queue, ARRAY[v_channel], ARRAY[v_at], ARRAY[NOT v_inserted], v_now
+        );
+        PERFORM @extschema@.dq__wake_if_first(dq_offer.queue, v_at, v_now);
+    END IF;
     RETURN CASE WHEN v_inserted THEN 'created' ELSE 'updated' END;
 END
 $$;
@@ -439,21 +598,28 @@ $$;
 -- one row per element (elem_ord >= 1) with its outcome and the state it
 -- leaves, plus whether it is its key's last element and whether the key ends
 -- up written. stored_* give the current version of keys that already exist.
+-- channels and priorities: NULL (or a NULL element) means none and 0.
 CREATE OR REPLACE FUNCTION dq__offer_chain(
     keys text[],
     payloads jsonb[],
     scheduled_ats timestamptz[],
+    channels text[],
+    priorities integer[],
     can_update boolean,
     now_at timestamptz,
     stored_keys text[],
     stored_payloads jsonb[],
-    stored_ats timestamptz[]
+    stored_ats timestamptz[],
+    stored_channels text[],
+    stored_priorities integer[]
 ) RETURNS TABLE (
     elem_ord bigint,
     elem_key text,
     outcome text,
     final_payload jsonb,
     final_at timestamptz,
+    final_channel text,
+    final_priority integer,
     is_last boolean,
     had_stored boolean,
     key_written boolean
@@ -462,12 +628,14 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     WITH elems AS (
-        SELECT e.ord, e.k COLLATE "C" AS k, e.p, e.s, false AS is_stored
-        FROM unnest(keys, payloads, scheduled_ats)
-            WITH ORDINALITY AS e (k, p, s, ord)
+        SELECT e.ord, e.k COLLATE "C" AS k, e.p, e.s,
+            coalesce(e.c, '') AS c, coalesce(e.pr, 0) AS pr, false AS is_stored
+        FROM unnest(keys, payloads, scheduled_ats, channels, priorities)
+            WITH ORDINALITY AS e (k, p, s, c, pr, ord)
         UNION ALL
-        SELECT 0, s.k COLLATE "C", s.p, s.s, true
-        FROM unnest(stored_keys, stored_payloads, stored_ats) AS s (k, p, s)
+        SELECT 0, s.k COLLATE "C", s.p, s.s, s.c, s.pr, true
+        FROM unnest(stored_keys, stored_payloads, stored_ats, stored_channels, stored_priorities)
+            AS s (k, p, s, c, pr)
     ),
 
     -- sets_at: the scheduled_at an element leaves behind when it sets one;
@@ -477,10 +645,14 @@ AS $$
             elems.*,
             row_number() OVER w = 1 AS is_first,
             lag(elems.p) OVER w AS prev_p,
+            lag(elems.c) OVER w AS prev_c,
+            lag(elems.pr) OVER w AS prev_pr,
             CASE
                 WHEN elems.is_stored OR elems.s IS NOT NULL THEN elems.s
                 WHEN row_number() OVER w = 1 THEN now_at
-                WHEN elems.p <> lag(elems.p) OVER w THEN now_at
+                WHEN elems.p <> lag(elems.p) OVER w
+                    OR elems.c <> lag(elems.c) OVER w
+                    OR elems.pr <> lag(elems.pr) OVER w THEN now_at
             END AS sets_at
         FROM elems
         WINDOW w AS (PARTITION BY elems.k ORDER BY elems.ord)
@@ -510,8 +682,8 @@ AS $$
                 WHEN resolved.is_first THEN 'created'
                 WHEN NOT can_update THEN 'ignored'
                 WHEN @extschema@.dq__same_offer(
-                    resolved.prev_p, lag(resolved.at) OVER w,
-                    resolved.p, resolved.s
+                    resolved.prev_p, lag(resolved.at) OVER w, resolved.prev_c, resolved.prev_pr,
+                    resolved.p, resolved.s, resolved.c, resolved.pr
                 ) THEN 'ignored'
                 ELSE 'updated'
             END AS outcome
@@ -526,6 +698,8 @@ AS $$
         -- without can_update the first version stays
         CASE WHEN can_update THEN judged.p ELSE first_value(judged.p) OVER w END,
         CASE WHEN can_update THEN judged.at ELSE first_value(judged.at) OVER w END,
+        CASE WHEN can_update THEN judged.c ELSE first_value(judged.c) OVER w END,
+        CASE WHEN can_update THEN judged.pr ELSE first_value(judged.pr) OVER w END,
         judged.ord = max(judged.ord) OVER k,
         bool_or(judged.is_stored) OVER k,
         bool_or(NOT judged.is_stored AND judged.outcome <> 'ignored') OVER k
@@ -537,7 +711,7 @@ $$;
 
 -- Raise 22004/22023 unless the offer_many arrays are usable (docs/sql-reference.md).
 CREATE OR REPLACE FUNCTION dq__check_offer_arrays(
-    keys text[], payloads jsonb[], scheduled_ats timestamptz[]
+    keys text[], payloads jsonb[], scheduled_ats timestamptz[], channels text[], priorities integer[]
 ) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
@@ -549,10 +723,12 @@ BEGIN
     PERFORM @extschema@.dq__null_check(payloads IS NULL, 'payloads');
     IF coalesce(array_ndims(keys), 1) > 1
         OR coalesce(array_ndims(payloads), 1) > 1
-        OR coalesce(array_ndims(scheduled_ats), 1) > 1 THEN
+        OR coalesce(array_ndims(scheduled_ats), 1) > 1
+        OR coalesce(array_ndims(channels), 1) > 1
+        OR coalesce(array_ndims(priorities), 1) > 1 THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
-            MESSAGE = 'pgdq: keys, payloads and scheduled_ats must be one-dimensional arrays';
+            MESSAGE = 'pgdq: keys, payloads, scheduled_ats, channels and priorities must be one-dimensional arrays';
     END IF;
     IF cardinality(payloads) <> cardinality(keys)
         OR cardinality(scheduled_ats) <> cardinality(keys) THEN
@@ -562,6 +738,15 @@ BEGIN
                 'pgdq: keys, payloads and scheduled_ats must have equal lengths, got %s, %s and %s',
                 cardinality(keys), cardinality(payloads),
                 coalesce(cardinality(scheduled_ats)::text, 'NULL')
+            );
+    END IF;
+    IF cardinality(channels) <> cardinality(keys) OR cardinality(priorities) <> cardinality(keys) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = format(
+                'pgdq: channels and priorities must have as many elements as keys (%s), got %s and %s',
+                cardinality(keys),
+                coalesce(cardinality(channels)::text, 'NULL'), coalesce(cardinality(priorities)::text, 'NULL')
             );
     END IF;
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(keys, NULL), keys IS NULL, 'keys');
@@ -574,6 +759,14 @@ BEGIN
     LIMIT 1;
     IF v_bad IS NOT NULL THEN
         PERFORM @extschema@.dq__check_key(keys[v_bad], format('keys[%s]', v_bad));
+    END IF;
+    SELECT c.ord INTO v_bad
+    FROM unnest(channels) WITH ORDINALITY AS c (c, ord)
+    WHERE NOT @extschema@.dq__valid_channel(c.c)
+    ORDER BY c.ord
+    LIMIT 1;
+    IF v_bad IS NOT NULL THEN
+        PERFORM @extschema@.dq__check_channel(channels[v_bad], format('channels[%s]', v_bad));
     END IF;
 END
 $$;
@@ -590,6 +783,8 @@ CREATE OR REPLACE FUNCTION dq__offer_new(
     keys text[],
     payloads jsonb[],
     scheduled_ats timestamptz[],
+    channels text[],
+    priorities integer[],
     now_at timestamptz
 ) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
@@ -598,16 +793,59 @@ SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 BEGIN
     INSERT INTO @extschema@.dq_messages (
-        queue, key, payload, scheduled_at, due_at, created_at
+        queue, key, payload, scheduled_at, due_at, created_at, channel, priority
     )
     SELECT
         dq__offer_new.queue, e.k, e.p,
-        coalesce(e.s, now_at), coalesce(e.s, now_at), now_at
-    FROM unnest(keys, payloads, scheduled_ats) AS e (k, p, s)
+        coalesce(e.s, now_at), coalesce(e.s, now_at), now_at,
+        coalesce(e.c, ''), coalesce(e.pr, 0)
+    FROM unnest(keys, payloads, scheduled_ats, channels, priorities) AS e (k, p, s, c, pr)
     ORDER BY e.k COLLATE "C";
     RETURN TRUE;
 EXCEPTION WHEN unique_violation THEN  -- a key exists or repeats: undone
     RETURN FALSE;
+END
+$$;
+
+-- After a batch of offers wrote messages into queue (for each: channel,
+-- priority, due time, and whether it updated one that existed): tell the
+-- groups of those with a channel or a priority (dq__groups_touch) and wake
+-- idle consumers when one of them comes first.
+CREATE OR REPLACE FUNCTION dq__offers_written(
+    queue text,
+    channels text[],
+    priorities integer[],
+    dues timestamptz[],
+    updated boolean[],
+    now_at timestamptz
+) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_plain_first timestamptz;
+    v_grouped_first timestamptz;
+    v_channels text[];
+    v_dues timestamptz[];
+    v_updated boolean[];
+BEGIN
+    SELECT
+        min(e.d) FILTER (WHERE coalesce(e.c, '') = '' AND coalesce(e.pr, 0) = 0),
+        min(e.d) FILTER (WHERE coalesce(e.c, '') <> '' OR coalesce(e.pr, 0) <> 0),
+        array_agg(coalesce(e.c, '')) FILTER (WHERE coalesce(e.c, '') <> '' OR coalesce(e.pr, 0) <> 0),
+        array_agg(e.d) FILTER (WHERE coalesce(e.c, '') <> '' OR coalesce(e.pr, 0) <> 0),
+        array_agg(coalesce(e.u, FALSE)) FILTER (WHERE coalesce(e.c, '') <> '' OR coalesce(e.pr, 0) <> 0)
+    INTO v_plain_first, v_grouped_first, v_channels, v_dues, v_updated
+    FROM unnest(channels, priorities, dues, updated) AS e (c, pr, d, u)
+    WHERE e.d IS NOT NULL;
+    IF v_plain_first IS NOT NULL THEN
+        PERFORM @extschema@.dq__wake_if_head(queue, v_plain_first);
+    END IF;
+    IF v_grouped_first IS NOT NULL THEN
+        -- an update drops any lease: its slot may be free
+        PERFORM @extschema@.dq__groups_touch(queue, v_channels, v_dues, v_updated, now_at);
+        PERFORM @extschema@.dq__wake_if_first(queue, v_grouped_first, now_at);
+    END IF;
 END
 $$;
 
@@ -618,7 +856,9 @@ CREATE OR REPLACE FUNCTION dq_offer_many(
     keys text[],
     payloads jsonb[],
     scheduled_ats timestamptz[] DEFAULT NULL,
-    can_update boolean DEFAULT TRUE
+    can_update boolean DEFAULT TRUE,
+    channels text[] DEFAULT NULL,
+    priorities integer[] DEFAULT NULL
 ) RETURNS TABLE (key text, outcome text)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -630,29 +870,38 @@ DECLARE
     v_keys text[];           -- the distinct keys
     v_distinct boolean;      -- no key repeats in the batch
     v_new text[];
-    v_created integer := 0;
-    v_updated integer := 0;
-    v_first_at timestamptz;  -- the earliest due time written
     v_stored_keys text[] := '{}';
     v_stored_payloads jsonb[];
     v_stored_ats timestamptz[];
+    v_stored_channels text[];
+    v_stored_priorities integer[];
+    -- what was written: channel, priority, due time, whether it was an update
+    v_channels text[] := '{}';
+    v_priorities integer[] := '{}';
+    v_dues timestamptz[] := '{}';
+    v_updated boolean[] := '{}';
 BEGIN
     PERFORM @extschema@.dq__check_queue(v_queue);
     PERFORM @extschema@.dq__null_check(can_update IS NULL, 'can_update');
-    PERFORM @extschema@.dq__check_offer_arrays(keys, payloads, scheduled_ats);
+    PERFORM @extschema@.dq__check_offer_arrays(keys, payloads, scheduled_ats, channels, priorities);
 
     -- The fast path runs in a subtransaction (its EXCEPTION block), so only
     -- a transaction's first write takes it: a transaction never holds more
     -- than one of pgdq's, far below the 64 a backend caches (past them every
     -- other session's snapshots slow down until the transaction ends).
     IF pg_current_xact_id_if_assigned() IS NULL
-        AND @extschema@.dq__offer_new(v_queue, keys, payloads, scheduled_ats, v_now) THEN
-        IF cardinality(keys) > 0 THEN
-            v_first_at := CASE
+        AND @extschema@.dq__offer_new(v_queue, keys, payloads, scheduled_ats, channels, priorities, v_now) THEN
+        IF cardinality(keys) > 0 AND channels IS NULL AND priorities IS NULL THEN
+            PERFORM @extschema@.dq__wake_if_head(v_queue, CASE
                 WHEN scheduled_ats IS NULL THEN v_now
                 ELSE (SELECT min(coalesce(s.s, v_now)) FROM unnest(scheduled_ats) AS s (s))
-            END;
-            PERFORM @extschema@.dq__wake_if_head(v_queue, v_first_at);
+            END);
+        ELSIF cardinality(keys) > 0 THEN
+            PERFORM @extschema@.dq__offers_written(
+                v_queue, channels, priorities,
+                ARRAY(SELECT coalesce(e.s, v_now) FROM unnest(keys, scheduled_ats) AS e (k, s)),
+                NULL::boolean[], v_now
+            );
         END IF;
         RETURN QUERY SELECT k.k, 'created'::text FROM unnest(keys) AS k (k);
         RETURN;
@@ -669,42 +918,47 @@ BEGIN
     -- deleted concurrently is waited for and then either created or locked.
     WITH candidates AS (
         -- distinct keys (the usual batch) need no replay
-        SELECT e.k, e.p, coalesce(e.s, v_now) AS at
-        FROM unnest(keys, payloads, scheduled_ats) AS e (k, p, s)
+        SELECT e.k, e.p, coalesce(e.s, v_now) AS at, coalesce(e.c, '') AS c, coalesce(e.pr, 0) AS pr
+        FROM unnest(keys, payloads, scheduled_ats, channels, priorities) AS e (k, p, s, c, pr)
         WHERE v_distinct
         UNION ALL
-        SELECT c.elem_key, c.final_payload, c.final_at
+        SELECT c.elem_key, c.final_payload, c.final_at, c.final_channel, c.final_priority
         FROM @extschema@.dq__offer_chain(
-            keys, payloads, scheduled_ats, can_update, v_now, NULL::text[], NULL::jsonb[], NULL::timestamptz[]
+            keys, payloads, scheduled_ats, channels, priorities, can_update, v_now,
+            NULL::text[], NULL::jsonb[], NULL::timestamptz[], NULL::text[], NULL::integer[]
         ) AS c
         WHERE NOT v_distinct AND c.is_last
     ),
 
     inserted AS (
         INSERT INTO @extschema@.dq_messages AS m (
-            queue, key, payload, scheduled_at, due_at, created_at
+            queue, key, payload, scheduled_at, due_at, created_at, channel, priority
         )
-        SELECT v_queue, c.k, c.p, c.at, c.at, v_now
+        SELECT v_queue, c.k, c.p, c.at, c.at, v_now, c.c, c.pr
         FROM candidates AS c
         ORDER BY c.k COLLATE "C"
         ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO UPDATE
             SET payload = m.payload
             WHERE FALSE
-        RETURNING m.key, m.due_at
+        RETURNING m.key, m.due_at, m.channel, m.priority
     )
 
-    SELECT coalesce(array_agg(inserted.key), '{}'), min(inserted.due_at)
-    INTO v_new, v_first_at
-    FROM inserted;
-    v_created := cardinality(v_new);
+    SELECT
+        coalesce(array_agg(i.key), '{}'), coalesce(array_agg(i.channel), '{}'),
+        coalesce(array_agg(i.priority), '{}'), coalesce(array_agg(i.due_at), '{}'),
+        coalesce(array_agg(FALSE), '{}')
+    INTO v_new, v_channels, v_priorities, v_dues, v_updated
+    FROM inserted AS i;
 
-    IF v_created < cardinality(v_keys) THEN
+    IF cardinality(v_new) < cardinality(v_keys) THEN
         -- the other keys existed and are locked by now: read their versions
         SELECT
             coalesce(array_agg(m.key), '{}'),
             array_agg(m.payload),
-            array_agg(m.scheduled_at)
-        INTO v_stored_keys, v_stored_payloads, v_stored_ats
+            array_agg(m.scheduled_at),
+            array_agg(m.channel),
+            array_agg(m.priority)
+        INTO v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities
         FROM @extschema@.dq_messages AS m
         INNER JOIN unnest(v_keys) AS p (k) ON m.key = p.k
         WHERE m.queue = v_queue
@@ -721,23 +975,29 @@ BEGIN
                 attempts = 0,
                 state = NULL,
                 last_error = NULL,
-                lock_token = NULL
+                lock_token = NULL,
+                channel = c.final_channel,
+                priority = c.final_priority
             FROM @extschema@.dq__offer_chain(
-                keys, payloads, scheduled_ats, can_update, v_now,
-                v_stored_keys, v_stored_payloads, v_stored_ats
+                keys, payloads, scheduled_ats, channels, priorities, can_update, v_now,
+                v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities
             ) AS c
             WHERE c.is_last AND c.had_stored AND c.key_written
                 AND m.queue = v_queue AND m.key = c.elem_key
-            RETURNING m.due_at
+            RETURNING m.due_at, m.channel, m.priority
         )
 
-        SELECT count(*), least(v_first_at, min(updated.due_at))
-        INTO v_updated, v_first_at
-        FROM updated;
+        SELECT
+            v_channels || coalesce(array_agg(u.channel), '{}'),
+            v_priorities || coalesce(array_agg(u.priority), '{}'),
+            v_dues || coalesce(array_agg(u.due_at), '{}'),
+            v_updated || coalesce(array_agg(TRUE), '{}')
+        INTO v_channels, v_priorities, v_dues, v_updated
+        FROM updated AS u;
     END IF;
 
-    IF v_created + v_updated > 0 THEN
-        PERFORM @extschema@.dq__wake_if_head(v_queue, v_first_at);
+    IF cardinality(v_dues) > 0 THEN
+        PERFORM @extschema@.dq__offers_written(v_queue, v_channels, v_priorities, v_dues, v_updated, v_now);
     END IF;
 
     IF v_distinct AND cardinality(v_stored_keys) = 0 THEN
@@ -747,15 +1007,16 @@ BEGIN
     RETURN QUERY
     SELECT c.elem_key::text, c.outcome
     FROM @extschema@.dq__offer_chain(
-        keys, payloads, scheduled_ats, can_update, v_now,
-        v_stored_keys, v_stored_payloads, v_stored_ats
+        keys, payloads, scheduled_ats, channels, priorities, can_update, v_now,
+        v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities
     ) AS c
     WHERE c.elem_ord > 0
     ORDER BY c.elem_ord;
 END
 $$;
 
--- Lease up to max_count due messages of queue, earliest due first (ties by id).
+-- Lease up to max_count due messages of queue, earliest due first (ties by
+-- id); in a queue with channels or priorities, by the turn rule (42_groups.sql).
 CREATE OR REPLACE FUNCTION dq_poll_many(
     queue text,
     max_count integer,
@@ -789,6 +1050,10 @@ BEGIN
         PERFORM @extschema@.dq__materialise(v_queue, v_now);
     END IF;
     v_max_attempts := (SELECT q.max_attempts FROM @extschema@.dq_queues AS q WHERE q.queue = v_queue);
+    IF @extschema@.dq__grouped(v_queue) THEN
+        RETURN QUERY SELECT * FROM @extschema@.dq__poll_grouped(v_queue, max_count, lease, v_now, v_max_attempts);
+        RETURN;
+    END IF;
 
     -- Pick and lock in one index range scan of (queue, due_at, id); rows a
     -- concurrent poller holds are skipped, never waited for. The arrays keep
@@ -800,7 +1065,7 @@ BEGIN
     FROM (
         SELECT m.ctid AS row_at, m.id, coalesce(m.attempts >= v_max_attempts, FALSE) AS spent
         FROM @extschema@.dq_messages AS m
-        WHERE m.queue = v_queue AND m.due_at <= v_now
+        WHERE m.queue = v_queue AND m.channel = '' AND m.priority = 0 AND m.due_at <= v_now
         ORDER BY m.due_at, m.id
         LIMIT max_count
         FOR UPDATE SKIP LOCKED
@@ -834,7 +1099,8 @@ BEGIN
     )
     SELECT
         l.id, l.queue::text, l.key::text, l.payload, l.state, l.scheduled_at,
-        l.created_at, l.attempts, l.attempts > 1, l.lock_token, l.due_at
+        l.created_at, l.attempts, l.attempts > 1, l.lock_token, l.due_at,
+        NULL::text, 0  -- a plain queue's messages have no channel, priority 0
     FROM leased AS l
     ORDER BY l.pos;
 END
@@ -863,12 +1129,51 @@ SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    v_now timestamptz := @extschema@.dq_now();
+    v_queue text;
+    v_channel text;
+    v_until timestamptz;
 BEGIN
     DELETE FROM @extschema@.dq_messages AS m
     WHERE m.id = @extschema@.dq__token_id(dq_ack.lock_token)
-        AND m.lock_token = dq_ack.lock_token;
-    RETURN FOUND;
+        AND m.lock_token = dq_ack.lock_token
+    RETURNING m.queue, m.channel, m.due_at INTO v_queue, v_channel, v_until;
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    IF v_channel <> '' AND v_until > v_now THEN  -- a channel's slot is free
+        PERFORM @extschema@.dq__groups_touch(v_queue, ARRAY[v_channel], '{NULL}', '{TRUE}', v_now);
+    END IF;
+    RETURN TRUE;
+END
+$$;
+
+-- The channels of queues whose leases a statement ended (for each message:
+-- its queue, channel and due time before, ended: its lease was valid at
+-- now_at) are told (dq__groups_touch): their slots are free.
+CREATE OR REPLACE FUNCTION dq__leases_ended(
+    queues text[], channels text[], dues timestamptz[], now_at timestamptz
+) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_freed record;
+BEGIN
+    FOR v_freed IN
+        SELECT e.q AS queue, array_agg(e.c) AS channels
+        FROM unnest(queues, channels, dues) AS e (q, c, d)
+        WHERE e.c <> '' AND e.d > now_at
+        GROUP BY e.q
+        ORDER BY e.q
+    LOOP
+        PERFORM @extschema@.dq__groups_touch(
+            v_freed.queue, v_freed.channels,
+            array_fill(NULL::timestamptz, ARRAY[cardinality(v_freed.channels)]),
+            array_fill(TRUE, ARRAY[cardinality(v_freed.channels)]),
+            now_at
+        );
+    END LOOP;
 END
 $$;
 
@@ -879,9 +1184,12 @@ SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 DECLARE
-    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    v_now timestamptz := @extschema@.dq_now();
     v_rows tid[];
     v_deleted integer;
+    v_queues text[];
+    v_channels text[];
+    v_dues timestamptz[];
 BEGIN
     -- Rows are locked in (queue, key) order, the order dq_offer_many locks
     -- in, so a batch ack and a batch offer never deadlock.
@@ -896,9 +1204,22 @@ BEGIN
     -- Locked by this transaction, the rows are still at those addresses
     -- (ctid): one heap fetch each instead of a second primary key lookup.
     -- (A separate statement: its snapshot sees the versions just locked.)
-    DELETE FROM @extschema@.dq_messages AS m
-    WHERE m.ctid = ANY (v_rows);
-    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    WITH deleted AS (
+        DELETE FROM @extschema@.dq_messages AS m
+        WHERE m.ctid = ANY (v_rows)
+        RETURNING m.queue, m.channel, m.due_at
+    )
+
+    SELECT
+        count(*),
+        array_agg(d.queue) FILTER (WHERE d.channel <> ''),
+        array_agg(d.channel) FILTER (WHERE d.channel <> ''),
+        array_agg(d.due_at) FILTER (WHERE d.channel <> '')
+    INTO v_deleted, v_queues, v_channels, v_dues
+    FROM deleted AS d;
+    IF v_queues IS NOT NULL THEN
+        PERFORM @extschema@.dq__leases_ended(v_queues, v_channels, v_dues, v_now);
+    END IF;
     RETURN v_deleted;
 END
 $$;
@@ -940,6 +1261,8 @@ DECLARE
     v_now timestamptz := @extschema@.dq_now();
     v_queue text;
     v_due_at timestamptz;
+    v_channel text;
+    v_priority integer;
 BEGIN
     -- an infinite retry time would park the message for ever (or, -infinity,
     -- make dq_next_due and dq_stats report -infinity): refuse it
@@ -953,17 +1276,26 @@ BEGIN
         last_error = right(dq_nack.error, @extschema@.dq__error_max_length())
     WHERE m.id = @extschema@.dq__token_id(dq_nack.lock_token)
         AND m.lock_token = dq_nack.lock_token
-    RETURNING m.queue, m.due_at INTO v_queue, v_due_at;
+    RETURNING m.queue, m.due_at, m.channel, m.priority INTO v_queue, v_due_at, v_channel, v_priority;
     IF NOT FOUND THEN
         RETURN FALSE;
     END IF;
-    -- a message handed back before the queue's head wakes idle consumers
-    PERFORM @extschema@.dq__wake_if_head(v_queue, v_due_at);
+    IF v_channel = '' AND v_priority = 0 THEN
+        -- a message handed back before the queue's head wakes idle consumers
+        PERFORM @extschema@.dq__wake_if_head(v_queue, v_due_at);
+        RETURN TRUE;
+    END IF;
+    -- its lease may have been valid: a slot of its channel may be free
+    IF v_channel <> '' THEN
+        PERFORM @extschema@.dq__groups_touch(v_queue, ARRAY[v_channel], ARRAY[v_due_at], '{TRUE}', v_now);
+    END IF;
+    PERFORM @extschema@.dq__wake_if_first(v_queue, v_due_at, v_now);
     RETURN TRUE;
 END
 $$;
 
 -- Heartbeat: lease until now + lease; the new lease_until, NULL when stale.
+-- A lease that has ended comes back only while its channel has a free slot.
 CREATE OR REPLACE FUNCTION dq_extend(
     lock_token uuid,
     lease interval
@@ -976,6 +1308,8 @@ AS $$
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
     v_until timestamptz;
+    v_message record;
+    v_max integer;
 BEGIN
     IF NOT @extschema@.dq__valid_lease(lease, v_now) THEN
         PERFORM @extschema@.dq__check_lease(lease, v_now);
@@ -984,8 +1318,824 @@ BEGIN
     SET due_at = v_now + lease
     WHERE m.id = @extschema@.dq__token_id(dq_extend.lock_token)
         AND m.lock_token = dq_extend.lock_token
+        AND m.channel = ''
+    RETURNING m.due_at INTO v_until;
+    IF FOUND THEN
+        RETURN v_until;
+    END IF;
+
+    -- A channel's message: a poll counting its slots must not see a lease
+    -- come back after it counted it as ended. Under the channel's row, which
+    -- polls hold while they count, with the clock read afresh.
+    SELECT m.queue, m.channel INTO v_message
+    FROM @extschema@.dq_messages AS m
+    WHERE m.id = @extschema@.dq__token_id(dq_extend.lock_token)
+        AND m.lock_token = dq_extend.lock_token;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    v_max := (
+        SELECT g.max_concurrency FROM @extschema@.dq_groups AS g
+        WHERE g.queue = v_message.queue AND g.channel = v_message.channel
+    );
+    IF v_max IS NOT NULL THEN
+        SELECT g.max_concurrency INTO v_max
+        FROM @extschema@.dq_groups AS g
+        WHERE g.queue = v_message.queue AND g.channel = v_message.channel
+        FOR NO KEY UPDATE;
+        v_now := @extschema@.dq_now();
+    END IF;
+    UPDATE @extschema@.dq_messages AS m
+    SET due_at = v_now + lease
+    WHERE m.id = @extschema@.dq__token_id(dq_extend.lock_token)
+        AND m.lock_token = dq_extend.lock_token
+        AND (
+            v_max IS NULL OR m.due_at > v_now
+            OR @extschema@.dq__leases_held(m.queue, m.channel, v_now, v_max) < v_max
+        )
     RETURNING m.due_at INTO v_until;
     RETURN v_until;
+END
+$$;
+
+-- True when queue has groups: it uses channels or priorities.
+CREATE OR REPLACE FUNCTION dq__grouped(queue text) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT EXISTS (
+        SELECT FROM @extschema@.dq_groups AS g
+        WHERE g.queue OPERATOR(pg_catalog.=) dq__grouped.queue
+            AND g.channel OPERATOR(pg_catalog.=) ''
+    )
+$$;
+
+-- Up to max_count due messages of one priority level of a group, after
+-- position (after_due, after_id), in due order, locked; rows that others
+-- hold are skipped. Level 0 of the unchanneled group is in dq_messages_due.
+CREATE OR REPLACE FUNCTION dq__level_heads(
+    queue text,
+    channel text,
+    level integer,
+    now_at timestamptz,
+    max_count integer,
+    after_due timestamptz,
+    after_id bigint
+) RETURNS TABLE (row_at tid, id bigint, priority integer, due_at timestamptz, attempts integer)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF dq__level_heads.channel = '' AND level = 0 THEN
+        RETURN QUERY
+        SELECT m.ctid, m.id, m.priority, m.due_at, m.attempts
+        FROM @extschema@.dq_messages AS m
+        WHERE m.queue = dq__level_heads.queue AND m.channel = '' AND m.priority = 0
+            AND m.due_at <= now_at
+            AND (m.due_at, m.id) > (after_due, after_id)
+        ORDER BY m.due_at, m.id
+        LIMIT max_count
+        FOR UPDATE SKIP LOCKED;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT m.ctid, m.id, m.priority, m.due_at, m.attempts
+    FROM @extschema@.dq_messages AS m
+    WHERE m.queue = dq__level_heads.queue AND m.channel = dq__level_heads.channel
+        AND m.priority = level AND (m.channel <> '' OR m.priority <> 0)
+        AND m.due_at <= now_at
+        AND (m.due_at, m.id) > (after_due, after_id)
+    ORDER BY m.due_at, m.id
+    LIMIT max_count
+    FOR UPDATE SKIP LOCKED;
+END
+$$;
+
+-- The group's highest priority level below bound (NULL: none), counting
+-- level 0 of the unchanneled group, whose messages are in dq_messages_due.
+CREATE OR REPLACE FUNCTION dq__level_below(queue text, channel text, bound bigint) RETURNS integer
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_level integer;
+BEGIN
+    v_level := (
+        SELECT m.priority FROM @extschema@.dq_messages AS m
+        WHERE m.queue = dq__level_below.queue AND m.channel = dq__level_below.channel
+            AND (m.channel <> '' OR m.priority <> 0)
+            AND m.priority < bound
+        ORDER BY m.priority DESC
+        LIMIT 1
+    );
+    IF dq__level_below.channel = '' AND bound > 0 AND coalesce(v_level < 0, TRUE)
+        AND EXISTS (
+            SELECT FROM @extschema@.dq_messages AS m
+            WHERE m.queue = dq__level_below.queue AND m.channel = '' AND m.priority = 0
+        ) THEN
+        RETURN 0;
+    END IF;
+    RETURN v_level;
+END
+$$;
+
+-- Up to max_count due messages of a group in delivery order (priority, due
+-- time, id) after position (after_priority, after_due, after_id), locked;
+-- rows that others hold are skipped. One probe per priority level the group
+-- uses: the group's future messages are never read.
+CREATE OR REPLACE FUNCTION dq__group_heads(
+    queue text,
+    channel text,
+    now_at timestamptz,
+    max_count integer,
+    after_priority integer DEFAULT NULL,  -- NULL: from the start
+    after_due timestamptz DEFAULT '-infinity',
+    after_id bigint DEFAULT 0
+) RETURNS TABLE (row_at tid, id bigint, priority integer, due_at timestamptz, attempts integer)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_left integer := max_count;
+    v_bound bigint := 2147483648;  -- above every integer
+    v_level integer;
+    v_found integer;
+BEGIN
+    IF after_priority IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM @extschema@.dq__level_heads(
+            queue, channel, after_priority, now_at, v_left, after_due, after_id
+        );
+        GET DIAGNOSTICS v_found = ROW_COUNT;
+        v_left := v_left - v_found;
+        v_bound := after_priority;
+    END IF;
+    WHILE v_left > 0 LOOP
+        v_level := @extschema@.dq__level_below(queue, channel, v_bound);
+        EXIT WHEN v_level IS NULL;
+        RETURN QUERY SELECT * FROM @extschema@.dq__level_heads(
+            queue, channel, v_level, now_at, v_left, '-infinity', 0
+        );
+        GET DIAGNOSTICS v_found = ROW_COUNT;
+        v_left := v_left - v_found;
+        v_bound := v_level;
+    END LOOP;
+END
+$$;
+
+-- The earliest due time of a group's messages (leased ones by their
+-- lease's end); NULL when it has none.
+CREATE OR REPLACE FUNCTION dq__group_first_due(queue text, channel text) RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_first timestamptz;
+    v_bound bigint := 2147483648;
+    v_level integer;
+BEGIN
+    LOOP
+        v_level := @extschema@.dq__level_below(queue, channel, v_bound);
+        EXIT WHEN v_level IS NULL;
+        IF dq__group_first_due.channel = '' AND v_level = 0 THEN
+            v_first := least(v_first, (
+                SELECT m.due_at FROM @extschema@.dq_messages AS m
+                WHERE m.queue = dq__group_first_due.queue AND m.channel = '' AND m.priority = 0
+                ORDER BY m.due_at
+                LIMIT 1
+            ));
+        ELSE
+            v_first := least(v_first, (
+                SELECT m.due_at FROM @extschema@.dq_messages AS m
+                WHERE m.queue = dq__group_first_due.queue AND m.channel = dq__group_first_due.channel
+                    AND m.priority = v_level AND (m.channel <> '' OR m.priority <> 0)
+                ORDER BY m.due_at
+                LIMIT 1
+            ));
+        END IF;
+        v_bound := v_level;
+    END LOOP;
+    RETURN v_first;
+END
+$$;
+
+-- How many of a channel's leases are valid at now_at, counting up to limit.
+CREATE OR REPLACE FUNCTION dq__leases_held(queue text, channel text, now_at timestamptz, limit_count integer) RETURNS integer
+LANGUAGE sql STABLE
+AS $$
+    SELECT pg_catalog.count(*)::pg_catalog.int4 FROM (
+        SELECT FROM @extschema@.dq_messages AS m
+        WHERE m.queue OPERATOR(pg_catalog.=) dq__leases_held.queue
+            AND m.channel OPERATOR(pg_catalog.=) dq__leases_held.channel
+            AND m.lock_token IS NOT NULL AND m.channel OPERATOR(pg_catalog.<>) ''
+            AND m.due_at OPERATOR(pg_catalog.>) now_at
+        LIMIT limit_count
+    ) AS held
+$$;
+
+-- The earliest time at which a message of the group could be eligible, as
+-- seen at now_at: its first due time, no earlier than the end of its
+-- min_interval and, while its max_concurrency slots are all held, than the
+-- first of those leases to end. NULL when it has no message.
+CREATE OR REPLACE FUNCTION dq__group_next_eligible(
+    queue text,
+    channel text,
+    max_concurrency integer,
+    min_interval interval,
+    last_leased_at timestamptz,
+    now_at timestamptz
+) RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_at timestamptz := @extschema@.dq__group_first_due(queue, channel);
+BEGIN
+    IF v_at IS NULL THEN
+        RETURN NULL;
+    END IF;
+    v_at := greatest(v_at, last_leased_at + min_interval);
+    IF max_concurrency IS NOT NULL
+        AND @extschema@.dq__leases_held(queue, channel, now_at, max_concurrency) >= max_concurrency THEN
+        v_at := greatest(v_at, (
+            SELECT m.due_at FROM @extschema@.dq_messages AS m
+            WHERE m.queue = dq__group_next_eligible.queue AND m.channel = dq__group_next_eligible.channel
+                AND m.lock_token IS NOT NULL AND m.channel <> ''
+                AND m.due_at > now_at
+            ORDER BY m.due_at
+            LIMIT 1
+        ));
+    END IF;
+    RETURN v_at;
+END
+$$;
+
+-- A poll found nothing eligible in this group (held by the poll): unless a
+-- writer holds it, put it to sleep until it could have something, or forget
+-- it when it has no message and no limits. Reads the messages only after
+-- locking the row against writers (the header).
+CREATE OR REPLACE FUNCTION dq__group_rest(queue text, channel text, now_at timestamptz) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_group record;
+    v_next timestamptz;
+BEGIN
+    SELECT g.max_concurrency, g.min_interval, g.last_leased_at INTO v_group
+    FROM @extschema@.dq_groups AS g
+    WHERE g.queue = dq__group_rest.queue AND g.channel = dq__group_rest.channel
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;  -- a writer is at it: it stays awake
+    END IF;
+    v_next := @extschema@.dq__group_next_eligible(
+        queue, channel, v_group.max_concurrency, v_group.min_interval, v_group.last_leased_at, now_at
+    );
+    IF v_next IS NULL AND v_group.max_concurrency IS NULL AND v_group.min_interval IS NULL THEN
+        DELETE FROM @extschema@.dq_groups AS g
+        WHERE g.queue = dq__group_rest.queue AND g.channel = dq__group_rest.channel;
+    ELSIF coalesce(v_next > now_at, TRUE) THEN
+        UPDATE @extschema@.dq_groups AS g
+        SET wake_at = coalesce(v_next, 'infinity'),
+            first_due = coalesce(@extschema@.dq__group_first_due(queue, channel), g.first_due)
+        WHERE g.queue = dq__group_rest.queue AND g.channel = dq__group_rest.channel;
+    END IF;
+END
+$$;
+
+-- Writers: messages due at dues[i] (NULL: none) were written into
+-- channels[i] ('' for none) of queue, and freed[i] says a lease of that
+-- channel may have ended. Creates the groups that are new and wakes every
+-- group that could now have an eligible message sooner than it was told
+-- (the header); notifies dq_wakeup when a freed slot lets a held-back
+-- message go. Call after writing the messages (lock order).
+CREATE OR REPLACE FUNCTION dq__groups_touch(
+    queue text,
+    channels text[],
+    dues timestamptz[],
+    freed boolean[],
+    now_at timestamptz
+) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_queue text := dq__groups_touch.queue;
+    v_channels text[];       -- the channels touched, by name ('' excluded)
+    v_dues timestamptz[];    -- the earliest due time written into each
+    v_freed integer[];       -- how many of its leases may have ended
+    v_locked text[];         -- the channels shared
+    v_full text[];           -- channels whose freed slot lets a due message go
+BEGIN
+    SELECT
+        coalesce(array_agg(t.c ORDER BY t.c) FILTER (WHERE t.c <> ''), '{}'),
+        array_agg(t.d ORDER BY t.c) FILTER (WHERE t.c <> ''),
+        array_agg(t.f ORDER BY t.c) FILTER (WHERE t.c <> '')
+    INTO v_channels, v_dues, v_freed
+    FROM (
+        SELECT e.c COLLATE "C" AS c, min(e.d) AS d, count(*) FILTER (WHERE e.f)::integer AS f
+        FROM unnest(channels, dues, freed) AS e (c, d, f)
+        GROUP BY e.c COLLATE "C"
+    ) AS t;
+
+    -- The rows, new ones first ('' marks the queue as grouped), then a share
+    -- of each against a poll putting it to sleep. A poll may delete an empty
+    -- group between the two statements: then create it again.
+    LOOP
+        INSERT INTO @extschema@.dq_groups AS g (queue, channel, first_due, wake_at)
+        SELECT v_queue, n.c, coalesce(n.d, now_at), CASE WHEN n.d > now_at THEN n.d END
+        FROM (
+            SELECT '' AS c, now_at AS d
+            UNION ALL
+            SELECT t.c, t.d FROM unnest(v_channels, v_dues) AS t (c, d) WHERE t.d IS NOT NULL
+        ) AS n
+        ORDER BY n.c COLLATE "C"
+        ON CONFLICT ON CONSTRAINT dq_groups_pkey DO NOTHING;
+        v_locked := ARRAY(
+            SELECT g.channel FROM @extschema@.dq_groups AS g
+            WHERE g.queue = v_queue AND g.channel = ANY(v_channels)
+            ORDER BY g.channel
+            FOR KEY SHARE
+        );
+        EXIT WHEN NOT EXISTS (
+            SELECT FROM unnest(v_channels, v_dues) AS t (c, d)
+            WHERE t.d IS NOT NULL AND t.c <> ALL(v_locked)
+        );
+    END LOOP;
+
+    -- Wake the groups told to sleep past what was written (or, for a freed
+    -- slot of a channel with max_concurrency, past now), and keep the due
+    -- time that orders groups never leased from a lower bound.
+    WITH woken AS (
+        SELECT g.channel, t.d,
+            least(t.d, CASE WHEN t.f > 0 AND g.max_concurrency IS NOT NULL THEN now_at END) AS low
+        FROM @extschema@.dq_groups AS g
+        INNER JOIN unnest(v_channels, v_dues, v_freed) AS t (c, d, f) ON g.channel = t.c
+        WHERE g.queue = v_queue
+            AND (
+                g.wake_at > least(t.d, CASE WHEN t.f > 0 AND g.max_concurrency IS NOT NULL THEN now_at END)
+                OR (g.turn IS NULL AND g.first_due > t.d)
+            )
+        ORDER BY g.channel
+        FOR NO KEY UPDATE OF g
+    )
+
+    UPDATE @extschema@.dq_groups AS g
+    SET wake_at = CASE
+            WHEN g.wake_at IS NULL OR woken.low IS NULL OR g.wake_at <= woken.low THEN g.wake_at
+            WHEN woken.low <= now_at THEN NULL
+            ELSE woken.low
+        END,
+        first_due = CASE WHEN g.turn IS NULL THEN least(g.first_due, woken.d) ELSE g.first_due END
+    FROM woken
+    WHERE g.queue = v_queue AND g.channel = woken.channel;
+
+    -- A consumer sleeping until dq_next_due may be waiting out the lease
+    -- whose slot was just freed: wake it if a message of that channel is due.
+    v_full := ARRAY(
+        SELECT g.channel FROM @extschema@.dq_groups AS g
+        INNER JOIN unnest(v_channels, v_freed) AS t (c, f) ON g.channel = t.c
+        WHERE g.queue = v_queue AND t.f > 0 AND g.max_concurrency IS NOT NULL
+            AND @extschema@.dq__leases_held(v_queue, g.channel, now_at, g.max_concurrency) + t.f
+                >= g.max_concurrency
+            AND @extschema@.dq__group_first_due(v_queue, g.channel) <= now_at
+    );
+    IF cardinality(v_full) > 0 THEN
+        PERFORM @extschema@.dq__wake(v_queue);
+    END IF;
+END
+$$;
+
+-- Up to max_count deliverable messages of a group after position
+-- (after_priority, after_due, after_id), locked, in delivery order; the
+-- spent ones met on the way (attempts >= max_attempts) come too, flagged.
+CREATE OR REPLACE FUNCTION dq__group_next(
+    queue text,
+    channel text,
+    now_at timestamptz,
+    max_count integer,
+    max_attempts integer,
+    after_priority integer DEFAULT NULL,
+    after_due timestamptz DEFAULT '-infinity',
+    after_id bigint DEFAULT 0
+) RETURNS TABLE (row_at tid, id bigint, priority integer, due_at timestamptz, spent boolean)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_left integer := max_count;
+    v_head record;
+    v_read integer;
+BEGIN
+    LOOP
+        v_read := 0;
+        FOR v_head IN
+            SELECT * FROM @extschema@.dq__group_heads(
+                queue, channel, now_at, v_left, after_priority, after_due, after_id
+            )
+        LOOP
+            v_read := v_read + 1;
+            row_at := v_head.row_at;
+            id := v_head.id;
+            priority := v_head.priority;
+            due_at := v_head.due_at;
+            spent := coalesce(v_head.attempts >= max_attempts, FALSE);
+            RETURN NEXT;
+            IF NOT spent THEN
+                v_left := v_left - 1;
+            END IF;
+            after_priority := v_head.priority;
+            after_due := v_head.due_at;
+            after_id := v_head.id;
+        END LOOP;
+        EXIT WHEN v_left <= 0 OR v_read = 0;
+    END LOOP;
+END
+$$;
+
+-- True when the unchanneled group (turn, next message due at due) comes
+-- before a group of the turn order (its turn and first_due, a lower bound
+-- of its next message's due time) by the turn rule.
+CREATE OR REPLACE FUNCTION dq__unchanneled_first(
+    turn bigint, due timestamptz, other_turn bigint, other_first_due timestamptz
+) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN turn IS NULL THEN other_turn IS NOT NULL OR due OPERATOR(pg_catalog.<=) other_first_due
+        WHEN other_turn IS NULL THEN FALSE
+        ELSE turn OPERATOR(pg_catalog.<) other_turn
+    END
+$$;
+
+-- How many more messages of a channel a poll at now_at may lease, given
+-- those it already holds (held); NULL: no limit.
+CREATE OR REPLACE FUNCTION dq__group_room(
+    max_concurrency integer,
+    min_interval interval,
+    last_leased_at timestamptz,
+    held integer,
+    now_at timestamptz
+) RETURNS integer
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT LEAST(
+        CASE
+            WHEN min_interval IS NULL THEN NULL
+            WHEN last_leased_at OPERATOR(pg_catalog.>) (now_at OPERATOR(pg_catalog.-) min_interval) THEN 0
+            ELSE 1
+        END,
+        max_concurrency OPERATOR(pg_catalog.-) held
+    )
+$$;
+
+-- Lease up to max_count messages of a grouped queue by the turn rule (the
+-- header), each until now_at + lease; due messages already delivered
+-- max_attempts times are buried instead. The first round takes one message
+-- from each group in turn order; later rounds go round the groups taken
+-- from, in the same order, as the rule makes them come round again.
+CREATE OR REPLACE FUNCTION dq__poll_grouped(
+    queue text,
+    max_count integer,
+    lease interval,
+    now_at timestamptz,
+    max_attempts integer
+) RETURNS SETOF dq_delivery
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_queue text := dq__poll_grouped.queue;
+    v_turn_order refcursor;
+    v_group record;          -- the turn order's current group
+    v_has_group boolean;
+    v_plain_turn bigint;     -- the unchanneled group's turn, when this poll holds it
+    v_plain_row tid;         -- and its next message: where, which, its priority and due time
+    v_plain_id bigint;
+    v_plain_priority integer;
+    v_plain_due timestamptz;
+    v_plain_waiting boolean; -- still to take its turn in the first round
+    v_plain_first boolean;   -- and it comes before the turn order's current group
+    v_head record;
+    v_room integer;
+    v_visited text[] := '{}';
+    -- the messages taken: where, which, from which group, in which round
+    v_rows tid[] := '{}';
+    v_ids bigint[] := '{}';
+    v_groups text[] := '{}';
+    v_rounds integer[] := '{}';
+    v_spent bigint[] := '{}';
+    -- the groups taken from, in first-round order: room left, position reached
+    v_taken_from text[] := '{}';
+    v_room_left integer[] := '{}';
+    v_after_priority integer[] := '{}';
+    v_after_due timestamptz[] := '{}';
+    v_after_id bigint[] := '{}';
+    v_active boolean[] := '{}';
+    v_left integer;
+    v_each integer;
+    v_got integer;
+    v_round integer[] := '{}';
+    v_turns regclass;        -- dq_turns
+    i integer;
+BEGIN
+    -- groups whose wake time has come are looked at again
+    UPDATE @extschema@.dq_groups AS g
+    SET wake_at = NULL
+    FROM (
+        SELECT w.channel FROM @extschema@.dq_groups AS w
+        WHERE w.queue = v_queue AND w.wake_at <= now_at
+        ORDER BY w.wake_at
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) AS woken
+    WHERE g.queue = v_queue AND g.channel = woken.channel;
+
+    -- the unchanneled group has no row in the turn order's index scan: its
+    -- messages never put it to sleep, so its next one is read every time
+    SELECT g.turn INTO v_plain_turn
+    FROM @extschema@.dq_groups AS g
+    WHERE g.queue = v_queue AND g.channel = ''
+    FOR NO KEY UPDATE SKIP LOCKED;
+    v_plain_waiting := FOUND;
+    IF v_plain_waiting THEN
+        FOR v_head IN SELECT * FROM @extschema@.dq__group_next(v_queue, '', now_at, 1, max_attempts) LOOP
+            IF v_head.spent THEN
+                v_spent := v_spent || v_head.id;
+            ELSE
+                v_plain_row := v_head.row_at;
+                v_plain_id := v_head.id;
+                v_plain_priority := v_head.priority;
+                v_plain_due := v_head.due_at;
+            END IF;
+        END LOOP;
+        v_plain_waiting := v_plain_id IS NOT NULL;
+    END IF;
+
+    OPEN v_turn_order FOR
+        SELECT g.channel, g.turn, g.first_due, g.max_concurrency, g.min_interval, g.last_leased_at
+        FROM @extschema@.dq_groups AS g
+        WHERE g.queue = v_queue AND g.wake_at IS NULL AND g.channel <> ''
+        ORDER BY g.turn NULLS FIRST, g.first_due, g.channel
+        FOR NO KEY UPDATE SKIP LOCKED;
+    FETCH v_turn_order INTO v_group;
+    v_has_group := FOUND;
+
+    -- The first round: one message from each group, in turn order.
+    WHILE cardinality(v_ids) < max_count AND (v_has_group OR v_plain_waiting) LOOP
+        IF v_plain_waiting AND NOT v_has_group THEN
+            v_plain_first := TRUE;
+        ELSIF v_plain_waiting THEN
+            v_plain_first := @extschema@.dq__unchanneled_first(
+                v_plain_turn, v_plain_due, v_group.turn, v_group.first_due
+            );
+        ELSE
+            v_plain_first := FALSE;
+        END IF;
+        IF v_plain_first THEN
+            v_rows := v_rows || v_plain_row;
+            v_ids := v_ids || v_plain_id;
+            v_groups := v_groups || ''::text;
+            v_rounds := v_rounds || 1;
+            v_taken_from := v_taken_from || ''::text;
+            v_room_left := v_room_left || NULL::integer;
+            v_after_priority := v_after_priority || v_plain_priority;
+            v_after_due := v_after_due || v_plain_due;
+            v_after_id := v_after_id || v_plain_id;
+            v_plain_waiting := FALSE;
+            CONTINUE;
+        END IF;
+
+        v_head := NULL;
+        v_room := NULL;
+        IF v_group.max_concurrency IS NOT NULL OR v_group.min_interval IS NOT NULL THEN
+            v_room := @extschema@.dq__group_room(
+                v_group.max_concurrency, v_group.min_interval, v_group.last_leased_at,
+                CASE WHEN v_group.max_concurrency IS NOT NULL THEN
+                    @extschema@.dq__leases_held(v_queue, v_group.channel, now_at, v_group.max_concurrency)
+                END,
+                now_at
+            );
+        END IF;
+        IF coalesce(v_room > 0, TRUE) THEN
+            FOR v_head IN
+                SELECT * FROM @extschema@.dq__group_next(v_queue, v_group.channel, now_at, 1, max_attempts)
+            LOOP
+                EXIT WHEN NOT v_head.spent;
+                v_spent := v_spent || v_head.id;
+            END LOOP;
+            IF v_head.spent THEN
+                v_head := NULL;
+            END IF;
+        END IF;
+
+        IF v_head IS NULL THEN
+            -- nothing eligible: it sleeps until it could have something
+            PERFORM @extschema@.dq__group_rest(v_queue, v_group.channel, now_at);
+        ELSIF v_group.turn IS NULL AND v_head.due_at > v_group.first_due THEN
+            -- never leased from, and placed too early (its earliest message
+            -- went): place it right and read the turn order again
+            UPDATE @extschema@.dq_groups AS g
+            SET first_due = v_head.due_at
+            WHERE g.queue = v_queue AND g.channel = v_group.channel;
+            CLOSE v_turn_order;
+            OPEN v_turn_order FOR
+                SELECT g.channel, g.turn, g.first_due, g.max_concurrency, g.min_interval, g.last_leased_at
+                FROM @extschema@.dq_groups AS g
+                WHERE g.queue = v_queue AND g.wake_at IS NULL AND g.channel <> ''
+                    AND g.channel <> ALL(v_visited)
+                ORDER BY g.turn NULLS FIRST, g.first_due, g.channel
+                FOR NO KEY UPDATE SKIP LOCKED;
+            FETCH v_turn_order INTO v_group;
+            v_has_group := FOUND;
+            CONTINUE;
+        ELSE
+            v_rows := v_rows || v_head.row_at;
+            v_ids := v_ids || v_head.id;
+            v_groups := v_groups || v_group.channel;
+            v_rounds := v_rounds || 1;
+            v_taken_from := v_taken_from || v_group.channel;
+            v_room_left := v_room_left || (v_room - 1);
+            v_after_priority := v_after_priority || v_head.priority;
+            v_after_due := v_after_due || v_head.due_at;
+            v_after_id := v_after_id || v_head.id;
+        END IF;
+        v_visited := v_visited || v_group.channel;
+        FETCH v_turn_order INTO v_group;
+        v_has_group := FOUND;
+    END LOOP;
+    CLOSE v_turn_order;
+
+    -- Later rounds: the groups taken from come round again in the same
+    -- order. Each pass asks every group with room for an equal share of
+    -- what is left; a group that gives less is done.
+    v_active := array_fill(TRUE, ARRAY[cardinality(v_taken_from)]);
+    v_round := array_fill(1, ARRAY[cardinality(v_taken_from)]);
+    LOOP
+        v_left := max_count - cardinality(v_ids);
+        EXIT WHEN v_left <= 0 OR NOT TRUE = ANY(v_active);
+        v_each := ceil(v_left::numeric / (SELECT count(*) FROM unnest(v_active) AS a (a) WHERE a.a));
+        FOR i IN 1 .. cardinality(v_taken_from) LOOP
+            CONTINUE WHEN NOT v_active[i];
+            v_got := 0;
+            IF coalesce(v_room_left[i] > 0, TRUE) THEN
+                FOR v_head IN
+                    SELECT * FROM @extschema@.dq__group_next(
+                        v_queue, v_taken_from[i], now_at, least(v_each, v_room_left[i]), max_attempts,
+                        v_after_priority[i], v_after_due[i], v_after_id[i]
+                    )
+                LOOP
+                    v_after_priority[i] := v_head.priority;
+                    v_after_due[i] := v_head.due_at;
+                    v_after_id[i] := v_head.id;
+                    IF v_head.spent THEN
+                        v_spent := v_spent || v_head.id;
+                        CONTINUE;
+                    END IF;
+                    v_got := v_got + 1;
+                    v_round[i] := v_round[i] + 1;
+                    v_rows := v_rows || v_head.row_at;
+                    v_ids := v_ids || v_head.id;
+                    v_groups := v_groups || v_taken_from[i];
+                    v_rounds := v_rounds || v_round[i];
+                END LOOP;
+                v_room_left[i] := v_room_left[i] - v_got;
+            END IF;
+            v_active[i] := v_got > 0 AND v_got = least(v_each, v_room_left[i] + v_got);
+        END LOOP;
+    END LOOP;
+
+    IF cardinality(v_spent) > 0 THEN
+        PERFORM @extschema@.dq__bury(v_spent, NULL::text, now_at, max_attempts);
+    END IF;
+    IF cardinality(v_ids) = 0 THEN
+        RETURN;
+    END IF;
+
+    -- The order of delivery: by round, then first-round order; at most
+    -- max_count (the last pass may have locked a few more: they stay due).
+    SELECT array_agg(t.row_at ORDER BY t.ord), array_agg(t.grp ORDER BY t.ord)
+    INTO v_rows, v_groups
+    FROM (
+        SELECT o.row_at, o.grp, o.ord
+        FROM (
+            SELECT e.row_at, e.grp,
+                row_number() OVER (ORDER BY e.rnd, array_position(v_taken_from, e.grp)) AS ord
+            FROM unnest(v_rows, v_groups, v_rounds) AS e (row_at, grp, rnd)
+        ) AS o
+        WHERE o.ord <= max_count
+    ) AS t;
+
+    -- Each group taken from becomes the most recent in the order of its
+    -- last message here; one with a min_interval sleeps it out.
+    v_turns := (SELECT sq.tableoid FROM @extschema@.dq_turns AS sq);
+    WITH turns AS (
+        SELECT lt.grp, pg_catalog.nextval(v_turns) AS turn
+        FROM (
+            SELECT e.grp FROM unnest(v_groups) WITH ORDINALITY AS e (grp, ord)
+            GROUP BY e.grp
+            ORDER BY max(e.ord)
+        ) AS lt
+    )
+
+    UPDATE @extschema@.dq_groups AS g
+    SET turn = turns.turn,
+        last_leased_at = now_at,
+        wake_at = now_at + g.min_interval
+    FROM turns
+    WHERE g.queue = v_queue AND g.channel = turns.grp;
+
+    -- The rows stay locked by this transaction, so their addresses (ctid)
+    -- still find them.
+    RETURN QUERY
+    WITH leased AS (
+        UPDATE @extschema@.dq_messages AS m
+        SET attempts = m.attempts + 1,
+            lock_token = @extschema@.dq__token(m.id),
+            due_at = now_at + lease
+        FROM unnest(v_rows) WITH ORDINALITY AS picked (row_at, pos)
+        WHERE m.ctid = picked.row_at
+        RETURNING
+            picked.pos,
+            m.id, m.queue, m.key, m.payload, m.state, m.scheduled_at,
+            m.created_at, m.attempts, m.lock_token, m.due_at, m.channel, m.priority
+    )
+
+    SELECT
+        l.id, l.queue::text, l.key::text, l.payload, l.state, l.scheduled_at,
+        l.created_at, l.attempts, l.attempts > 1, l.lock_token, l.due_at,
+        nullif(l.channel, '')::text, l.priority
+    FROM leased AS l
+    ORDER BY l.pos;
+END
+$$;
+
+-- The earliest time at which a message of a grouped queue could be
+-- eligible, as seen at now_at (NULL: no message); stops early with a time
+-- before stop_below as soon as it finds one (NULL: never stops early).
+-- Groups asleep are read in wake_at order, each a lower bound of its time.
+CREATE OR REPLACE FUNCTION dq__grouped_next_due(queue text, now_at timestamptz, stop_below timestamptz) RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_stop timestamptz := coalesce(stop_below, '-infinity');
+    v_best timestamptz := @extschema@.dq__group_first_due(queue, '');
+    v_group record;
+BEGIN
+    IF v_best < v_stop THEN
+        RETURN v_best;
+    END IF;
+    FOR v_group IN
+        SELECT g.channel, g.max_concurrency, g.min_interval, g.last_leased_at, g.wake_at
+        FROM @extschema@.dq_groups AS g
+        WHERE g.queue = dq__grouped_next_due.queue AND g.channel <> '' AND g.wake_at IS NULL
+        UNION ALL
+        (
+            SELECT g.channel, g.max_concurrency, g.min_interval, g.last_leased_at, g.wake_at
+            FROM @extschema@.dq_groups AS g
+            WHERE g.queue = dq__grouped_next_due.queue AND g.wake_at IS NOT NULL
+            ORDER BY g.wake_at
+        )
+    LOOP
+        EXIT WHEN v_group.wake_at >= v_best;
+        v_best := least(v_best, @extschema@.dq__group_next_eligible(
+            queue, v_group.channel, v_group.max_concurrency, v_group.min_interval,
+            v_group.last_leased_at, now_at
+        ));
+        EXIT WHEN v_best < v_stop;
+    END LOOP;
+    RETURN v_best;
+END
+$$;
+
+-- dq__wake_if_head for a message with a channel or a priority, due at
+-- written_at: wake idle consumers when nothing else of the grouped queue
+-- could be eligible before it.
+CREATE OR REPLACE FUNCTION dq__wake_if_first(queue text, written_at timestamptz, now_at timestamptz) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF written_at <= coalesce(@extschema@.dq__grouped_next_due(queue, now_at, written_at), 'infinity') THEN
+        PERFORM @extschema@.dq__wake(queue);
+    END IF;
 END
 $$;
 
@@ -1039,19 +2189,21 @@ AS $$
         DELETE FROM @extschema@.dq_messages AS m
         WHERE m.id = ANY(dq__bury.ids)
         RETURNING m.queue, m.key, m.id, m.payload, m.state, m.scheduled_at, m.created_at, m.attempts,
-            m.lock_token IS NULL AS nacked, m.last_error
+            m.lock_token IS NULL AS nacked, m.last_error, m.channel, m.priority
     ),
 
     buried AS (
         INSERT INTO @extschema@.dq_dead_letters AS d (
-            queue, key, id, payload, state, scheduled_at, created_at, attempts, error, failed_at
+            queue, key, id, payload, state, scheduled_at, created_at, attempts, error, failed_at,
+            channel, priority
         )
         SELECT mv.queue, mv.key, mv.id, mv.payload, mv.state, mv.scheduled_at, mv.created_at, mv.attempts,
             CASE
                 WHEN dq__bury.max_attempts IS NULL THEN dq__bury.error
                 ELSE @extschema@.dq__gave_up_error(dq__bury.max_attempts, mv.nacked, mv.last_error)
             END,
-            dq__bury.failed_at
+            dq__bury.failed_at,
+            mv.channel, mv.priority
         FROM moved AS mv
         ORDER BY mv.queue, mv.key
         ON CONFLICT ON CONSTRAINT dq_dead_letters_pkey DO UPDATE
@@ -1062,7 +2214,9 @@ AS $$
                 created_at = excluded.created_at,
                 attempts = excluded.attempts,
                 error = excluded.error,
-                failed_at = excluded.failed_at
+                failed_at = excluded.failed_at,
+                channel = excluded.channel,
+                priority = excluded.priority
         RETURNING 1
     )
 
@@ -1072,20 +2226,28 @@ $$;
 -- Give up on a leased message: move it to the dead letters with error (the
 -- consumer's verdict, as given); false (nothing changed) for a stale token.
 CREATE OR REPLACE FUNCTION dq_dead_letter(lock_token uuid, error text DEFAULT NULL) RETURNS boolean
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT @extschema@.dq__bury(
-        ARRAY(
-            SELECT m.id FROM @extschema@.dq_messages AS m
-            WHERE m.id = @extschema@.dq__token_id(dq_dead_letter.lock_token)
-                AND m.lock_token = dq_dead_letter.lock_token
-            FOR UPDATE
-        ),
-        dq_dead_letter.error,
-        @extschema@.dq_now(),
-        NULL::integer
-    ) = 1
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := @extschema@.dq_now();
+    v_message record;
+BEGIN
+    SELECT m.id, m.queue, m.channel, m.due_at INTO v_message
+    FROM @extschema@.dq_messages AS m
+    WHERE m.id = @extschema@.dq__token_id(dq_dead_letter.lock_token)
+        AND m.lock_token = dq_dead_letter.lock_token
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    PERFORM @extschema@.dq__bury(ARRAY[v_message.id], dq_dead_letter.error, v_now, NULL::integer);
+    PERFORM @extschema@.dq__leases_ended(
+        ARRAY[v_message.queue::text], ARRAY[v_message.channel::text], ARRAY[v_message.due_at], v_now
+    );
+    RETURN TRUE;
+END
 $$;
 
 -- Up to max_count of queue's dead letters, oldest failure first.
@@ -1133,6 +2295,8 @@ DECLARE
     v_at timestamptz := coalesce(dq_dead_redrive.scheduled_at, v_now);
     v_offered text[];
     v_count integer;
+    v_channels text[];
+    v_priorities integer[];
 BEGIN
     PERFORM @extschema@.dq__check_queue(v_queue);
     IF v_key IS NOT NULL THEN
@@ -1149,8 +2313,10 @@ BEGIN
     -- later key may have been offered, leased and buried again, its dead
     -- letter replaced (or purged). The next statement sets that right.
     WITH offered AS (
-        INSERT INTO @extschema@.dq_messages AS m (queue, key, payload, scheduled_at, due_at, created_at)
-        SELECT v_queue, d.key, d.payload, v_at, v_at, v_now
+        INSERT INTO @extschema@.dq_messages AS m (
+            queue, key, payload, scheduled_at, due_at, created_at, channel, priority
+        )
+        SELECT v_queue, d.key, d.payload, v_at, v_at, v_now, d.channel, d.priority
         FROM @extschema@.dq_dead_letters AS d
         WHERE d.queue = v_queue AND (v_key IS NULL OR d.key = v_key)
             AND NOT EXISTS (
@@ -1180,14 +2346,15 @@ BEGIN
         DELETE FROM @extschema@.dq_dead_letters AS d
         USING doomed
         WHERE d.queue = v_queue AND d.key = doomed.key
-        RETURNING d.key, d.payload
+        RETURNING d.key, d.payload, d.channel, d.priority
     ),
 
     refreshed AS (
         UPDATE @extschema@.dq_messages AS m
-        SET payload = r.payload
+        SET payload = r.payload, channel = r.channel, priority = r.priority
         FROM removed AS r
-        WHERE m.queue = v_queue AND m.key = r.key AND m.payload <> r.payload
+        WHERE m.queue = v_queue AND m.key = r.key
+            AND (m.payload <> r.payload OR m.channel <> r.channel OR m.priority <> r.priority)
     ),
 
     withdrawn AS (
@@ -1196,9 +2363,14 @@ BEGIN
             AND NOT EXISTS (SELECT FROM removed AS r WHERE r.key = m.key)
     )
 
-    SELECT count(*)::integer INTO v_count FROM removed;
+    SELECT count(*)::integer, array_agg(r.channel), array_agg(r.priority)
+    INTO v_count, v_channels, v_priorities
+    FROM removed AS r;
     IF v_count > 0 THEN
-        PERFORM @extschema@.dq__wake_if_head(v_queue, v_at);
+        PERFORM @extschema@.dq__offers_written(
+            v_queue, v_channels, v_priorities,
+            array_fill(v_at, ARRAY[v_count]), NULL::boolean[], v_now
+        );
     END IF;
     RETURN v_count;
 END
@@ -1243,13 +2415,20 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    v_now timestamptz := @extschema@.dq_now();
+    v_channel text;
+    v_due_at timestamptz;
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_cancel.queue);
     PERFORM @extschema@.dq__check_key(dq_cancel.key, 'key');
     DELETE FROM @extschema@.dq_messages AS m
-    WHERE m.queue = dq_cancel.queue AND m.key = dq_cancel.key;
-    RETURN FOUND;
+    WHERE m.queue = dq_cancel.queue AND m.key = dq_cancel.key
+    RETURNING m.channel, CASE WHEN m.lock_token IS NOT NULL THEN m.due_at END INTO v_channel, v_due_at;
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    PERFORM @extschema@.dq__leases_ended(ARRAY[dq_cancel.queue], ARRAY[v_channel], ARRAY[v_due_at], v_now);
+    RETURN TRUE;
 END
 $$;
 
@@ -1263,7 +2442,9 @@ CREATE OR REPLACE FUNCTION dq_get(queue text, key text) RETURNS TABLE (
     due_at timestamptz,
     attempts integer,
     leased boolean,
-    created_at timestamptz
+    created_at timestamptz,
+    channel text,
+    priority integer
 )
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -1275,10 +2456,25 @@ AS $$
         m.queue::text, m.key::text, m.payload, m.state, m.scheduled_at,
         m.due_at, m.attempts,
         @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at),
-        m.created_at
+        m.created_at, nullif(m.channel, '')::text, m.priority
     FROM @extschema@.dq_messages AS m
     CROSS JOIN @extschema@.dq_now() AS n (now_at)
     WHERE m.queue = dq_get.queue AND m.key = dq_get.key;
+$$;
+
+-- True when a message (lock_token, due_at) is in condition which at now_at
+-- ('due', 'delayed', 'leased'; NULL: any). Inlines into dq_peek.
+CREATE OR REPLACE FUNCTION dq__in_condition(
+    which text, lock_token uuid, due_at timestamptz, now_at timestamptz
+) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE which
+        WHEN 'due' THEN due_at OPERATOR(pg_catalog.<=) now_at
+        WHEN 'delayed' THEN due_at OPERATOR(pg_catalog.>) now_at AND lock_token IS NULL
+        WHEN 'leased' THEN @extschema@.dq__is_leased(lock_token, due_at, now_at)
+        ELSE TRUE
+    END
 $$;
 
 -- Browse queue without locking or changing anything: up to max_count
@@ -1311,16 +2507,30 @@ AS $$
         l.leased,
         CASE WHEN l.leased THEN m.due_at END,
         m.last_error
-    FROM @extschema@.dq_messages AS m
+    FROM (
+        -- the first max_count of each poll index in due order, merged
+        (
+            SELECT p.key, p.payload, p.state, p.scheduled_at, p.due_at, p.attempts, p.lock_token, p.last_error
+            FROM @extschema@.dq_messages AS p
+            CROSS JOIN @extschema@.dq_now() AS n (now_at)
+            WHERE p.queue = dq_peek.queue AND p.channel = '' AND p.priority = 0
+                AND @extschema@.dq__in_condition(dq_peek.which, p.lock_token, p.due_at, n.now_at)
+            ORDER BY p.due_at, p.key
+            LIMIT dq_peek.max_count
+        )
+        UNION ALL
+        (
+            SELECT g.key, g.payload, g.state, g.scheduled_at, g.due_at, g.attempts, g.lock_token, g.last_error
+            FROM @extschema@.dq_messages AS g
+            CROSS JOIN @extschema@.dq_now() AS n (now_at)
+            WHERE g.queue = dq_peek.queue AND (g.channel <> '' OR g.priority <> 0)
+                AND @extschema@.dq__in_condition(dq_peek.which, g.lock_token, g.due_at, n.now_at)
+            ORDER BY g.due_at, g.key
+            LIMIT dq_peek.max_count
+        )
+    ) AS m
     CROSS JOIN @extschema@.dq_now() AS n (now_at)
     CROSS JOIN LATERAL (SELECT @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)) AS l (leased)
-    WHERE m.queue = dq_peek.queue
-        AND CASE dq_peek.which
-            WHEN 'due' THEN m.due_at <= n.now_at
-            WHEN 'delayed' THEN m.due_at > n.now_at AND NOT l.leased
-            WHEN 'leased' THEN l.leased
-            ELSE TRUE
-        END
     ORDER BY m.due_at, m.key
     LIMIT dq_peek.max_count;
 $$;
@@ -1347,6 +2557,11 @@ BEGIN
     USING doomed AS d
     WHERE m.id = d.id;
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    -- slots the leases held are free: every group of the queue looks again
+    -- (and is forgotten if it has no message and no limits)
+    UPDATE @extschema@.dq_groups AS g
+    SET wake_at = NULL
+    WHERE g.queue = dq_purge.queue AND g.wake_at IS NOT NULL;
     RETURN v_deleted;
 END
 $$;
@@ -1400,6 +2615,7 @@ AS $$
 $$;
 
 -- The earliest due time in queue (leases by their end); NULL when empty.
+-- With channels: the earliest time a message could be eligible.
 CREATE OR REPLACE FUNCTION dq_next_due(queue text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -1407,18 +2623,24 @@ SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    v_now timestamptz := @extschema@.dq_now();
+    v_first timestamptz;
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_next_due.queue);
-    -- the first entry of the queue's range in (queue, due_at, id), or the
-    -- next occurrence of one of its schedules if that comes first
-    RETURN least(
-        (
+    IF @extschema@.dq__grouped(dq_next_due.queue) THEN
+        v_first := @extschema@.dq__grouped_next_due(dq_next_due.queue, v_now, NULL);
+    ELSE
+        -- the first entry of the queue's range in (queue, due_at, id)
+        v_first := (
             SELECT m.due_at FROM @extschema@.dq_messages AS m
-            WHERE m.queue = dq_next_due.queue
+            WHERE m.queue = dq_next_due.queue AND m.channel = '' AND m.priority = 0
             ORDER BY m.due_at
             LIMIT 1
-        ),
+        );
+    END IF;
+    -- or the next occurrence of one of its schedules if that comes first
+    RETURN least(
+        v_first,
         (
             SELECT s.next_at FROM @extschema@.dq_schedules AS s
             WHERE s.queue = dq_next_due.queue AND s.next_at < 'infinity'
@@ -1427,6 +2649,127 @@ BEGIN
         )
     );
 END
+$$;
+
+-- Set the limits of one channel of queue, replacing earlier ones (NULL: no
+-- limit; a min_interval of 0 is none).
+CREATE OR REPLACE FUNCTION dq_channel_set(
+    queue text,
+    channel text,
+    max_concurrency integer DEFAULT NULL,
+    min_interval interval DEFAULT NULL
+) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := @extschema@.dq_now();
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_channel_set.queue);
+    PERFORM @extschema@.dq__null_check(dq_channel_set.channel IS NULL, 'channel');
+    PERFORM @extschema@.dq__check_channel(dq_channel_set.channel, 'channel');
+    IF dq_channel_set.max_concurrency < 1 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = format('pgdq: max_concurrency must be at least 1 or NULL, got %s', dq_channel_set.max_concurrency);
+    END IF;
+    IF dq_channel_set.min_interval < '0' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = format('pgdq: min_interval must not be negative, got %s', dq_channel_set.min_interval);
+    END IF;
+    -- the unchanneled group's row marks the queue as one with channels
+    INSERT INTO @extschema@.dq_groups AS g (queue, channel, max_concurrency, min_interval, first_due)
+    VALUES
+        (dq_channel_set.queue, '', NULL, NULL, v_now),
+        (
+            dq_channel_set.queue, dq_channel_set.channel, dq_channel_set.max_concurrency,
+            nullif(dq_channel_set.min_interval, '0'), v_now
+        )
+    ON CONFLICT ON CONSTRAINT dq_groups_pkey DO UPDATE
+        SET max_concurrency = excluded.max_concurrency,
+            min_interval = excluded.min_interval,
+            wake_at = NULL  -- looser limits may let a message go now
+        WHERE g.channel <> '';
+    PERFORM @extschema@.dq__wake(dq_channel_set.queue);
+END
+$$;
+
+-- Drop the limits of one channel of queue (its messages stay); true if it had any.
+CREATE OR REPLACE FUNCTION dq_channel_remove(queue text, channel text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_channel_remove.queue);
+    PERFORM @extschema@.dq__null_check(dq_channel_remove.channel IS NULL, 'channel');
+    PERFORM @extschema@.dq__check_channel(dq_channel_remove.channel, 'channel');
+    -- the row stays while the channel has messages (polls forget it after)
+    UPDATE @extschema@.dq_groups AS g
+    SET max_concurrency = NULL, min_interval = NULL, wake_at = NULL
+    WHERE g.queue = dq_channel_remove.queue AND g.channel = dq_channel_remove.channel
+        AND (g.max_concurrency IS NOT NULL OR g.min_interval IS NOT NULL);
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    PERFORM @extschema@.dq__wake(dq_channel_remove.queue);
+    RETURN TRUE;
+END
+$$;
+
+-- One row per channel of queue that has messages or limits, by name: its
+-- limits, its messages by condition (as dq_stats counts them: a due message
+-- held back by a limit is ready) and when it last leased one.
+CREATE OR REPLACE FUNCTION dq_channels(queue text) RETURNS TABLE (
+    channel text,
+    max_concurrency integer,
+    min_interval interval,
+    ready bigint,
+    delayed bigint,
+    leased bigint,
+    last_leased_at timestamptz
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_channels.queue);
+    WITH counted AS (
+        SELECT
+            m.channel,
+            count(*) FILTER (WHERE m.due_at <= n.now_at) AS ready,
+            count(*) FILTER (WHERE m.due_at > n.now_at AND m.lock_token IS NULL) AS delayed,
+            count(*) FILTER (
+                WHERE @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)
+            ) AS leased
+        FROM @extschema@.dq_messages AS m
+        CROSS JOIN @extschema@.dq_now() AS n (now_at)
+        WHERE m.queue = dq_channels.queue AND m.channel <> ''
+        GROUP BY m.channel
+    ),
+
+    limited AS (
+        SELECT g.channel, g.max_concurrency, g.min_interval, g.last_leased_at
+        FROM @extschema@.dq_groups AS g
+        WHERE g.queue = dq_channels.queue AND g.channel <> ''
+    )
+
+    SELECT
+        coalesce(c.channel, l.channel)::text,
+        l.max_concurrency,
+        l.min_interval,
+        coalesce(c.ready, 0),
+        coalesce(c.delayed, 0),
+        coalesce(c.leased, 0),
+        l.last_leased_at
+    FROM counted AS c
+    FULL JOIN limited AS l ON c.channel = l.channel
+    WHERE c.channel IS NOT NULL OR l.max_concurrency IS NOT NULL OR l.min_interval IS NOT NULL
+    ORDER BY 1;
 $$;
 
 -- The messages of queue (NULL: every queue) with from_id <= id < to_id, by id.
@@ -2337,6 +3680,12 @@ BEGIN
     ) THEN
         PERFORM pg_catalog.pg_extension_config_dump(
             pg_catalog.format('%I.dq_messages_id_seq', pg_catalog.current_schema())::pg_catalog.regclass, ''
+        );
+        PERFORM pg_catalog.pg_extension_config_dump(
+            pg_catalog.format('%I.dq_groups', pg_catalog.current_schema())::pg_catalog.regclass, ''
+        );
+        PERFORM pg_catalog.pg_extension_config_dump(
+            pg_catalog.format('%I.dq_turns', pg_catalog.current_schema())::pg_catalog.regclass, ''
         );
     END IF;
 END

@@ -216,6 +216,14 @@ def test_documented_grants(database: str, queue_name: str) -> None:
         assert [x.key for x in q.dead_letters()] == [d2.key] and q.redrive() == 1
         admin.execute("SET ROLE pgdq_consumer")
         q.configure(max_attempts=None)
+        q.ack_many([d.lock_token for d in q.poll_many(10)])
+        admin.execute("SET ROLE pgdq_producer")
+        q.set_channel("partner", max_concurrency=1)
+        q.offer("c1", 1, channel="partner", priority=2)
+        admin.execute("SET ROLE pgdq_consumer")
+        (c,) = q.poll_many(10)
+        assert (c.key, c.channel, c.priority) == ("c1", "partner", 2), "channels work under the documented grants"
+        c.ack()
         admin.execute("SET ROLE pgdq_nobody")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             q.offer("k3", 3)

@@ -35,7 +35,7 @@ ROLES = (PRODUCER, CONSUMER, PAYROLL, BILLING, NOBODY)
 RENAMED = {"pgdq_producer": PRODUCER, "pgdq_consumer": CONSUMER}
 RLS_DB = f"{DB}_rls"  # the isolation policies, for two tenants
 UPGRADE_DB = f"{DB}_rls_upgrade"  # the same on 1.0.0, then upgraded
-TABLES = ("dq_messages", "dq_dead_letters", "dq_queues", "dq_schedules")
+TABLES = ("dq_messages", "dq_dead_letters", "dq_queues", "dq_schedules", "dq_groups")
 DOC = (ROOT / "docs/security.md").read_text()
 Conn = psycopg.Connection[Any]
 
@@ -99,13 +99,21 @@ def roles(database: str) -> Iterator[None]:
                 admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
-def isolate(conninfo: str) -> None:
-    """pgdq with the README's grants and the isolation SQL for two tenants."""
+def isolate(conninfo: str, *, version: str | None = None) -> None:
+    """pgdq with the README's grants and the isolation SQL for two tenants
+    (for version 1.0.0: the statements it had, without dq_groups and dq_turns)."""
+
+    def of_version(statements: list[str]) -> list[str]:
+        if version != "1.0.0":
+            return statements
+        return [s for s in statements if "dq_groups" not in s and "dq_turns" not in s]
+
     with connect(conninfo) as admin:
-        for statement in readme_grants():
+        for statement in of_version(readme_grants()):
             admin.execute(statement)
-        admin.execute(isolation_sql(PAYROLL, "payroll/"))
-        admin.execute(isolation_sql(BILLING, "billing/"))
+        for tenant, prefix in ((PAYROLL, "payroll/"), (BILLING, "billing/")):
+            for statement in of_version(isolation_sql(tenant, prefix).split(";\n")):
+                admin.execute(statement)
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +162,9 @@ CALLS = {
     "dq_read_messages": "SELECT * FROM dq_read_messages(%(q)s, NULL, NULL)",
     "dq_read_dead_letters": "SELECT * FROM dq_read_dead_letters(%(q)s, NULL, NULL)",
     "dq_read_bounds": "SELECT * FROM dq_read_bounds('messages', %(q)s)",
+    "dq_channel_set": "SELECT dq_channel_set(%(q)s, 'partner', 2)",
+    "dq_channel_remove": "SELECT dq_channel_remove(%(q)s, 'partner')",
+    "dq_channels": "SELECT * FROM dq_channels(%(q)s)",
 }
 
 
@@ -307,13 +318,15 @@ def snapshot(admin: Conn, prefix: str) -> dict[str, list[tuple[Any, ...]]]:
 def test_another_tenants_queues_look_empty_and_stay_intact(isolated: str) -> None:
     b = "billing/payroll-2026-secret-layoffs"
     with connect(isolated) as admin, connect(isolated, BILLING) as owner, connect(isolated, PAYROLL) as t:
-        # billing's queue: a dead letter, a leased message, a ready and a delayed one, a setting, a schedule
+        # billing's queue: a dead letter, a leased message, a ready and a delayed one, a setting, a schedule,
+        # a channel
         owner.execute("SELECT dq_offer(%s, 'dead', '1', now() - interval '2 s')", (b,))
         owner.execute("SELECT dq_offer(%s, 'leased', '2', now() - interval '1 s')", (b,))
         owner.execute("SELECT dq_offer(%s, 'ready', '3'), dq_offer(%s, 'later', '4', now() + interval '1 h')", (b, b))
         dead, token = (r[0] for r in rows(owner, "SELECT lock_token FROM dq_poll_many(%s, 2)", b))
         assert value(owner, "SELECT dq_dead_letter(%s)", dead)
         owner.execute("SELECT dq_configure(%s, 5), dq_schedule_set(%s, 'nightly', '0 2 * * *')", (b, b))
+        owner.execute("SELECT dq_channel_set(%s, 'partner', 1)", (b,))
         before = snapshot(admin, "billing/")
         assert all(before.values())
 
@@ -374,6 +387,10 @@ def test_another_tenants_queues_look_empty_and_stay_intact(isolated: str) -> Non
                 ("SELECT dq_schedule_set(%s, 'nightly', '0 3 * * *')", b),
                 ("SELECT dq_schedule_set(%s, 'new', '0 3 * * *')", b),
             ],
+            "dq_groups": [
+                ("SELECT dq_channel_set(%s, 'partner', 5)", b),
+                ("SELECT dq_channel_set(%s, 'new', 5)", b),
+            ],
         }
         for table, attempts in writes.items():
             for query, queue in attempts:
@@ -386,7 +403,7 @@ def test_another_tenants_queues_look_empty_and_stay_intact(isolated: str) -> Non
         assert snapshot(admin, "billing/") == before, "billing's rows are untouched"
         assert value(owner, "SELECT dq_ack(%s)", token) is True, "and billing's lease still holds"
         owner.execute("SELECT dq_purge(%s), dq_dead_purge(%s), dq_schedule_remove(%s, 'nightly')", (b, b, b))
-        owner.execute("SELECT dq_configure(%s, NULL)", (b,))
+        owner.execute("SELECT dq_configure(%s, NULL), dq_channel_remove(%s, 'partner')", (b, b))
 
 
 def test_a_role_without_a_policy_sees_nothing(isolated: str) -> None:
@@ -417,6 +434,7 @@ def test_the_policies_keep_the_poll_on_its_index(isolated: str) -> None:
         plan = value(
             t,
             "EXPLAIN (FORMAT JSON) SELECT m.id FROM dq_messages AS m WHERE m.queue = 'payroll/q'"
+            " AND m.channel = '' AND m.priority = 0"
             " AND m.due_at <= now() ORDER BY m.due_at, m.id LIMIT 1 FOR UPDATE SKIP LOCKED",
         )
         scan = plan[0]["Plan"]["Plans"][0]["Plans"][0]
@@ -433,7 +451,7 @@ def test_pg_dump_of_an_extension_install_leaves_the_policies_out(isolated: str) 
     """PostgreSQL does not dump policies of extension tables: the page says to re-run the SQL after a restore."""
     with connect(isolated) as admin:
         policies = value(admin, "SELECT count(*) FROM pg_policy WHERE polrelid::regclass::text = ANY(%s)", list(TABLES))
-        assert policies == 8
+        assert policies == 2 * len(TABLES)
         extension = value(admin, "SELECT count(*) FROM pg_extension WHERE extname = 'pgdq'")
     dump = pg_tool("pg_dump", "--schema-only", "-d", RLS_DB)
     if extension:
@@ -444,14 +462,23 @@ def test_an_upgrade_from_1_0_0_keeps_the_policies(roles: None) -> None:
     recreate_database(UPGRADE_DB)
     with connect(dsn(UPGRADE_DB)) as admin:
         admin.execute("CREATE EXTENSION pgdq VERSION '1.0.0'")
-        isolate(dsn(UPGRADE_DB))
+        isolate(dsn(UPGRADE_DB), version="1.0.0")
         admin.execute("SELECT dq_offer('billing/q', 'k', '1')")
         admin.execute("ALTER EXTENSION pgdq UPDATE")
         assert value(admin, "SELECT dq_version()") != "1.0.0"
+        admin.execute("SELECT dq_channel_set('billing/q', 'secret-partner', 1)")
     with connect(dsn(UPGRADE_DB), PAYROLL) as t:
         assert rows(t, "SELECT * FROM dq_stats()") == [] and value(t, "SELECT dq_purge('billing/q')") == 0
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             t.execute("SELECT dq_offer('billing/q', 'k', '2')")
+        # 1.1's table took the grants and policies of dq_messages: the tenant
+        # uses channels in its own queues and sees none of another's
+        t.execute("SELECT dq_offer('payroll/q', 'k', '1', NULL, true, 'bank', 1)")
+        assert rows(t, "SELECT key, channel FROM dq_poll_many('payroll/q', 5)") == [("k", "bank")]
+        assert rows(t, "SELECT channel FROM dq_channels('billing/q')") == []
+        assert rows(t, "SELECT queue FROM dq_groups WHERE NOT starts_with(queue, 'payroll/')") == []
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            t.execute("SELECT dq_channel_set('billing/q', 'mine', 1)")
 
 
 # -- Wake-ups: LISTEN and NOTIFY take no privilege -------------------------------------

@@ -169,7 +169,7 @@ def fill(conn: Conn, consumer: Conn) -> tuple[Any, set[str]]:
 
 
 def snapshot(conn: Conn) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every pgdq table, in a stable order."""
+    """Every row of every table 1.0.0 had, in a stable order."""
     return {table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall() for table in TABLES}
 
 
@@ -188,10 +188,14 @@ def test_a_live_database_upgrades_with_everything_in_it(scratch: str, kind: str)
         # 1.1 added last_error, last_error_at, failures and missed_from to dq_schedules
         assert [row[8:] for row in after["dq_schedules"]] == [(None, None, 0, None)]
         after["dq_schedules"] = [row[:8] for row in after["dq_schedules"]]
-        # and last_error to dq_messages, as its last column
-        assert [row[-1] for row in after["dq_messages"]] == [None] * len(before["dq_messages"])
-        after["dq_messages"] = [row[:-1] for row in after["dq_messages"]]
+        # and last_error, channel ('' for none) and priority to dq_messages, as its last columns
+        assert [row[-3:] for row in after["dq_messages"]] == [(None, "", 0)] * len(before["dq_messages"])
+        after["dq_messages"] = [row[:-3] for row in after["dq_messages"]]
+        # and channel and priority to dq_dead_letters
+        assert [row[-2:] for row in after["dq_dead_letters"]] == [("", 0)]
+        after["dq_dead_letters"] = [row[:-2] for row in after["dq_dead_letters"]]
         assert after == before, "the upgrade changed no row"
+        assert conn.execute("SELECT count(*) FROM dq_groups").fetchone() == (0,), "and made no queue a grouped one"
         assert consumer.execute("SELECT dq_extend(%s, '1 minute') IS NOT NULL", (token,)).fetchone() == (True,)
         assert consumer.execute("SELECT dq_ack(%s)", (token,)).fetchone() == (True,), "the old token still acks"
 
@@ -212,6 +216,11 @@ def test_a_live_database_upgrades_with_everything_in_it(scratch: str, kind: str)
         ], "a nack keeps its error in the upgraded table"
         new_id = conn.execute("SELECT id FROM dq_messages WHERE key = 'new'").fetchone()
         assert new_id is not None and new_id[0] > max(row[0] for row in before["dq_messages"]), "ids kept counting"
+        conn.execute("SELECT dq_channel_set('tenants', 'partner', 1)")
+        conn.execute("SELECT dq_offer('tenants', k, '1', NULL, true, 'partner', 2) FROM unnest('{p1,p2}'::text[]) k")
+        assert conn.execute("SELECT key, channel, priority FROM dq_poll_many('tenants', 10)").fetchall() == [
+            ("p1", "partner", 2)
+        ], "channels work in the upgraded database"
 
 
 # -- the command ---------------------------------------------------------------

@@ -14,6 +14,7 @@ from .cron import AsyncCronService, CronService
 from .errors import AlreadyInstalled, InvalidArgument, NullArgument, PayloadDecodeError, PgdqError, StaleToken
 from .install import install, uninstall
 from .model import (
+    ChannelInfo,
     DeadLetter,
     Message,
     MessageInfo,
@@ -34,6 +35,7 @@ __all__ = [
     "AsyncCronService",
     "AsyncQueue",
     "Backoff",
+    "ChannelInfo",
     "Client",
     "Codec",
     "CronService",

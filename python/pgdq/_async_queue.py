@@ -23,6 +23,7 @@ from . import _statements as st
 from .codec import Codec, JsonCodec, dumps_array
 from .errors import PayloadDecodeError, StaleToken, translate
 from .model import (
+    ChannelInfo,
     DeadLetter,
     DecodedPayload,
     Message,
@@ -62,6 +63,8 @@ class AsyncDelivery(DecodedPayload):
     redelivery: bool
     lock_token: UUID
     lease_until: datetime
+    channel: str | None  # None: no channel
+    priority: int
     source: AsyncQueue = field(repr=False, compare=False)
     decode_error: PayloadDecodeError | None = field(default=None, compare=False)
     _decoded: Any = field(default=None, repr=False, compare=False)
@@ -269,7 +272,21 @@ class AsyncQueue(_AsyncBase):
     def _delivery(self, row: tuple[Any, ...]) -> AsyncDelivery:
         """A delivery built straight from a dq_delivery row (positionally: its
         fields are in the row's order); a payload the codec rejects becomes its decode_error."""
-        id_, queue, key, payload, state, scheduled_at, created_at, attempts, redelivery, token, until = row
+        (
+            id_,
+            queue,
+            key,
+            payload,
+            state,
+            scheduled_at,
+            created_at,
+            attempts,
+            redelivery,
+            token,
+            until,
+            channel,
+            level,
+        ) = row
         return AsyncDelivery(
             id_,
             queue,
@@ -282,6 +299,8 @@ class AsyncQueue(_AsyncBase):
             redelivery,
             token,
             until,
+            channel,
+            level,
             self,
             **_decoding(self.codec, payload, queue, key),
         )
@@ -295,10 +314,23 @@ class AsyncQueue(_AsyncBase):
         scheduled_at: datetime | None = None,
         *,
         can_update: bool = True,
+        channel: str | None = None,
+        priority: int = 0,
         conn: AsyncConnection[Any] | None = None,
     ) -> OfferOutcome:
-        """Offer one message (dq_offer): created, updated or ignored."""
-        params = (self.name, key, self.codec.dumps(payload), st.aware(scheduled_at, "scheduled_at"), can_update)
+        """Offer one message (dq_offer): created, updated or ignored. channel
+        groups it (the queue shares its polls fairly between channels and holds
+        each to its limits: set_channel); priority orders it within its group,
+        highest first."""
+        params = (
+            self.name,
+            key,
+            self.codec.dumps(payload),
+            st.aware(scheduled_at, "scheduled_at"),
+            can_update,
+            channel,
+            st.priority(priority),
+        )
         return OfferOutcome(await self._value("offer", params, conn))
 
     async def offer_many(
@@ -308,11 +340,13 @@ class AsyncQueue(_AsyncBase):
         can_update: bool = True,
         conn: AsyncConnection[Any] | None = None,
     ) -> list[OfferResult]:
-        """Offer a batch (dq_offer_many): one result per element, in order."""
-        keys, payloads, times = st.split_messages(messages)
-        params = (self.name, keys, dumps_array(self.codec, payloads), times, can_update)
+        """Offer a batch (dq_offer_many): one result per element, in order.
+        Elements are Messages or tuples (key, payload[, scheduled_at[, channel[, priority]]])."""
+        batch = st.split_messages(messages)
+        payloads = dumps_array(self.codec, batch.payloads)
+        params = (self.name, batch.keys, payloads, batch.times, can_update, batch.channels, batch.priorities)
         rows = await self._rows("offer_many", params, conn)
-        return [OfferResult(key, _OUTCOMES[outcome]) for key, (outcome,) in zip(keys, rows, strict=True)]
+        return [OfferResult(key, _OUTCOMES[outcome]) for key, (outcome,) in zip(batch.keys, rows, strict=True)]
 
     # consuming
 
@@ -385,6 +419,30 @@ class AsyncQueue(_AsyncBase):
         """The earliest due time in the queue (leases by their end), or None."""
         due: datetime | None = await self._value("next_due", (self.name,), conn)
         return due
+
+    # channels
+
+    async def set_channel(
+        self,
+        channel: str,
+        *,
+        max_concurrency: int | None = None,
+        min_interval: st.Lease | None = None,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> None:
+        """Set a channel's limits, replacing earlier ones (dq_channel_set): at
+        most max_concurrency of its messages leased at once, and min_interval
+        (timedelta or seconds) between two of its leases; None: no limit."""
+        interval = st.lease(min_interval, "min_interval")
+        await self._rows("channel_set", (self.name, channel, max_concurrency, interval), conn)
+
+    async def remove_channel(self, channel: str, *, conn: AsyncConnection[Any] | None = None) -> bool:
+        """Drop a channel's limits (its messages stay); True if it had any (dq_channel_remove)."""
+        return bool(await self._value("channel_remove", (self.name, channel), conn))
+
+    async def channels(self, *, conn: AsyncConnection[Any] | None = None) -> list[ChannelInfo]:
+        """The channels that have messages or limits, by name (dq_channels)."""
+        return [ChannelInfo(*row) for row in await self._rows("channels", (self.name,), conn)]
 
     # dead letters and settings
 

@@ -42,13 +42,16 @@ TABLES = {
     "dq_queues": Grants(producer="", consumer="SELECT, INSERT, UPDATE"),
     "dq_dead_letters": Grants(producer="SELECT, UPDATE, DELETE", consumer="SELECT, INSERT, UPDATE"),
     "dq_schedules": Grants(producer=ALL, consumer="SELECT, UPDATE"),
+    "dq_groups": Grants(producer="SELECT, INSERT, UPDATE", consumer=ALL),
 }
-# pgdq's sequences (dq_messages' identity), whose position pg_dump must keep:
-# restored ids must not be handed out again.
-SEQUENCES = ("dq_messages_id_seq",)
+# pgdq's sequences (dq_messages' identity, and the turns of channels), whose
+# position pg_dump must keep: restored ids and turns must not be handed out again.
+SEQUENCES = ("dq_messages_id_seq", "dq_turns")
+# what each role may do on the sequences it uses directly (a poll takes turns)
+SEQUENCE_GRANTS = {"dq_turns": Grants(producer="", consumer="SELECT, USAGE")}
 # the README's roles, with the functions each is for
 ROLES = {
-    "producer": "dq_offer*, dq_cron_*, dq_schedule*, dq_dead_list / dq_dead_redrive / dq_dead_purge",
+    "producer": "dq_offer*, dq_cron_*, dq_schedule*, dq_channel*, dq_dead_list / dq_dead_redrive / dq_dead_purge",
     "consumer": (
         "dq_poll*, dq_ack*, dq_nack, dq_extend, dq_dead_letter, dq_configure, dq_get, dq_peek, dq_stats, dq_next_due"
     ),
@@ -185,6 +188,7 @@ def uninstall_script(schema: str = "public") -> str:
         "  LOOP EXECUTE 'DROP FUNCTION ' || f; END LOOP;\n"
         "END $$;\n"
         f"DROP TABLE IF EXISTS {tables};\n"
+        f"DROP SEQUENCE IF EXISTS {ident}.dq_turns;\n"
         f"DROP TYPE IF EXISTS {ident}.dq_delivery;\n"
     )
 
@@ -215,6 +219,10 @@ def grants_script(schema: str = "public") -> str:
             privileges = getattr(grants, role)
             if privileges:
                 lines.append(f"GRANT {privileges} ON {ident}.{table} TO pgdq_{role};")
+        for sequence, grants in SEQUENCE_GRANTS.items():
+            privileges = getattr(grants, role)
+            if privileges:
+                lines.append(f"GRANT {privileges} ON SEQUENCE {ident}.{sequence} TO pgdq_{role};")
     return "\n".join(lines) + "\n"
 
 

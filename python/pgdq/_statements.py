@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg import sql
 
@@ -24,8 +24,10 @@ _PAYLOAD_ARRAY = (
 
 # method name -> statement; {fn} is replaced by the (schema-qualified) function
 _TEMPLATES: dict[str, str] = {
-    "offer": "SELECT {fn}(%s, %s, %s::jsonb, %s, %s)",
-    "offer_many": "SELECT o.outcome FROM {fn}(%s, %s::text[], " + _PAYLOAD_ARRAY + ", %s::timestamptz[], %s) AS o",
+    "offer": "SELECT {fn}(%s, %s, %s::jsonb, %s, %s, %s, %s)",
+    "offer_many": "SELECT o.outcome FROM {fn}(%s, %s::text[], "
+    + _PAYLOAD_ARRAY
+    + ", %s::timestamptz[], %s, %s::text[], %s::integer[]) AS o",
     "poll": "SELECT * FROM {fn}(%s, %s)",
     "poll_many": "SELECT * FROM {fn}(%s, %s, %s)",
     "ack": "SELECT {fn}(%s)",
@@ -50,6 +52,9 @@ _TEMPLATES: dict[str, str] = {
     "schedule_set": "SELECT {fn}(%s, %s, %s, %s, %s::jsonb, %s)",
     "schedule_remove": "SELECT {fn}(%s, %s)",
     "schedules": "SELECT * FROM {fn}(%s::text)",
+    "channel_set": "SELECT {fn}(%s, %s, %s::integer, %s::interval)",
+    "channel_remove": "SELECT {fn}(%s, %s)",
+    "channels": "SELECT * FROM {fn}(%s)",
     # snapshot reads (pgdq.spark): payload and state as JSON text, as Spark takes them
     "read_bounds": "SELECT b.low, b.high FROM {fn}(%s, %s::text) AS b",
     "read_messages": "SELECT r.id, r.queue, r.key, r.payload::text, r.state::text, r.scheduled_at, r.due_at,"
@@ -93,19 +98,52 @@ def lease(value: Lease | None, name: str = "lease") -> timedelta | None:
     return timedelta(seconds=value)
 
 
-def split_messages(
-    messages: Iterable[Message | tuple[Any, ...]],
-) -> tuple[list[Any], list[Any], list[datetime | None] | None]:
-    """Keys, payloads and aware times (None when no element has one) of a batch."""
+# PostgreSQL's integer, the type of a priority
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+
+
+def priority(value: Any, name: str = "priority") -> int:
+    """A priority: an int that fits PostgreSQL's integer (None is 0)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{name} must be an int, got {type(value).__name__}")
+    if not _INT_MIN <= value <= _INT_MAX:
+        raise InvalidArgument(f"{name} must be between {_INT_MIN} and {_INT_MAX}, got {value}")
+    return value
+
+
+class Batch(NamedTuple):
+    """offer_many's arrays: a list per column, None for a column no element sets."""
+
+    keys: list[Any]
+    payloads: list[Any]
+    times: list[datetime | None] | None
+    channels: list[str | None] | None
+    priorities: list[int] | None
+
+
+def split_messages(messages: Iterable[Message | tuple[Any, ...]]) -> Batch:
+    """The arrays of a batch: keys, payloads, aware times, channels, priorities."""
     keys: list[Any] = []
     payloads: list[Any] = []
     times: list[datetime | None] = []
+    channels: list[str | None] = []
+    priorities: list[int] = []
     for i, item in enumerate(messages):
-        key, payload, at = item if len(item) == 3 else Message(*item)
+        key, payload, at, channel, level = item if isinstance(item, Message) else Message(*item)
         keys.append(key)
         payloads.append(payload)
         times.append(None if at is None else aware(at, f"messages[{i}].scheduled_at"))
-    return keys, payloads, (times if any(t is not None for t in times) else None)
+        channels.append(channel)
+        priorities.append(priority(level, f"messages[{i}].priority"))
+    return Batch(
+        keys,
+        payloads,
+        times if any(t is not None for t in times) else None,
+        channels if any(c is not None for c in channels) else None,
+        priorities if any(priorities) else None,
+    )
 
 
 def token_list(tokens: Sequence[Any] | None) -> list[Any] | None:

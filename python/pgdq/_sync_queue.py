@@ -21,6 +21,7 @@ from . import _statements as st
 from .codec import Codec, JsonCodec, dumps_array
 from .errors import PayloadDecodeError, StaleToken, translate
 from .model import (
+    ChannelInfo,
     DeadLetter,
     DecodedPayload,
     Message,
@@ -59,6 +60,8 @@ class Delivery(DecodedPayload):
     redelivery: bool
     lock_token: UUID
     lease_until: datetime
+    channel: str | None  # None: no channel
+    priority: int
     source: Queue = field(repr=False, compare=False)
     decode_error: PayloadDecodeError | None = field(default=None, compare=False)
     _decoded: Any = field(default=None, repr=False, compare=False)
@@ -262,7 +265,21 @@ class Queue(_Base):
     def _delivery(self, row: tuple[Any, ...]) -> Delivery:
         """A delivery built straight from a dq_delivery row (positionally: its
         fields are in the row's order); a payload the codec rejects becomes its decode_error."""
-        id_, queue, key, payload, state, scheduled_at, created_at, attempts, redelivery, token, until = row
+        (
+            id_,
+            queue,
+            key,
+            payload,
+            state,
+            scheduled_at,
+            created_at,
+            attempts,
+            redelivery,
+            token,
+            until,
+            channel,
+            level,
+        ) = row
         return Delivery(
             id_,
             queue,
@@ -275,6 +292,8 @@ class Queue(_Base):
             redelivery,
             token,
             until,
+            channel,
+            level,
             self,
             **_decoding(self.codec, payload, queue, key),
         )
@@ -288,10 +307,23 @@ class Queue(_Base):
         scheduled_at: datetime | None = None,
         *,
         can_update: bool = True,
+        channel: str | None = None,
+        priority: int = 0,
         conn: Connection[Any] | None = None,
     ) -> OfferOutcome:
-        """Offer one message (dq_offer): created, updated or ignored."""
-        params = (self.name, key, self.codec.dumps(payload), st.aware(scheduled_at, "scheduled_at"), can_update)
+        """Offer one message (dq_offer): created, updated or ignored. channel
+        groups it (the queue shares its polls fairly between channels and holds
+        each to its limits: set_channel); priority orders it within its group,
+        highest first."""
+        params = (
+            self.name,
+            key,
+            self.codec.dumps(payload),
+            st.aware(scheduled_at, "scheduled_at"),
+            can_update,
+            channel,
+            st.priority(priority),
+        )
         return OfferOutcome(self._value("offer", params, conn))
 
     def offer_many(
@@ -301,11 +333,13 @@ class Queue(_Base):
         can_update: bool = True,
         conn: Connection[Any] | None = None,
     ) -> list[OfferResult]:
-        """Offer a batch (dq_offer_many): one result per element, in order."""
-        keys, payloads, times = st.split_messages(messages)
-        params = (self.name, keys, dumps_array(self.codec, payloads), times, can_update)
+        """Offer a batch (dq_offer_many): one result per element, in order.
+        Elements are Messages or tuples (key, payload[, scheduled_at[, channel[, priority]]])."""
+        batch = st.split_messages(messages)
+        payloads = dumps_array(self.codec, batch.payloads)
+        params = (self.name, batch.keys, payloads, batch.times, can_update, batch.channels, batch.priorities)
         rows = self._rows("offer_many", params, conn)
-        return [OfferResult(key, _OUTCOMES[outcome]) for key, (outcome,) in zip(keys, rows, strict=True)]
+        return [OfferResult(key, _OUTCOMES[outcome]) for key, (outcome,) in zip(batch.keys, rows, strict=True)]
 
     # consuming
 
@@ -376,6 +410,30 @@ class Queue(_Base):
         """The earliest due time in the queue (leases by their end), or None."""
         due: datetime | None = self._value("next_due", (self.name,), conn)
         return due
+
+    # channels
+
+    def set_channel(
+        self,
+        channel: str,
+        *,
+        max_concurrency: int | None = None,
+        min_interval: st.Lease | None = None,
+        conn: Connection[Any] | None = None,
+    ) -> None:
+        """Set a channel's limits, replacing earlier ones (dq_channel_set): at
+        most max_concurrency of its messages leased at once, and min_interval
+        (timedelta or seconds) between two of its leases; None: no limit."""
+        interval = st.lease(min_interval, "min_interval")
+        self._rows("channel_set", (self.name, channel, max_concurrency, interval), conn)
+
+    def remove_channel(self, channel: str, *, conn: Connection[Any] | None = None) -> bool:
+        """Drop a channel's limits (its messages stay); True if it had any (dq_channel_remove)."""
+        return bool(self._value("channel_remove", (self.name, channel), conn))
+
+    def channels(self, *, conn: Connection[Any] | None = None) -> list[ChannelInfo]:
+        """The channels that have messages or limits, by name (dq_channels)."""
+        return [ChannelInfo(*row) for row in self._rows("channels", (self.name,), conn)]
 
     # dead letters and settings
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from .errors import PayloadDecodeError
@@ -19,11 +19,14 @@ class OfferOutcome(enum.StrEnum):
 
 
 class Message(NamedTuple):
-    """One element of offer_many: key, payload and optional aware due time."""
+    """One element of offer_many: key, payload, optional aware due time,
+    channel (None: none) and priority (higher first within its group)."""
 
     key: str
     payload: Any
     scheduled_at: datetime | None = None
+    channel: str | None = None
+    priority: int = 0
 
 
 class OfferResult(NamedTuple):
@@ -65,6 +68,8 @@ class MessageInfo(DecodedPayload):
     attempts: int
     leased: bool
     created_at: datetime
+    channel: str | None = None  # since 1.1
+    priority: int = 0
     decode_error: PayloadDecodeError | None = field(default=None, compare=False)
     _decoded: Any = field(default=None, repr=False, compare=False)
 
@@ -105,6 +110,20 @@ class QueueStats:
     leased: int
     oldest_ready_at: datetime | None
     next_due_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ChannelInfo:
+    """One row of dq_channels: a channel's limits, its messages by
+    condition (a due message held back by a limit is ready) and its last lease."""
+
+    channel: str
+    max_concurrency: int | None
+    min_interval: timedelta | None
+    ready: int
+    delayed: int
+    leased: int
+    last_leased_at: datetime | None
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,117 @@ DROP FUNCTION dq__materialise(text, timestamptz);
 DROP FUNCTION dq__get(text, text);
 DROP FUNCTION dq__stats(text);
 DROP FUNCTION dq__dead_list(text, integer);
--- The poll index's entries are unique: deduplication only cost time (1.1).
-ALTER INDEX @extschema@.dq_messages_due SET (deduplicate_items = off);
+-- Channels and priority (1.1). A message's channel ('' for none) and
+-- priority: new columns with defaults, added without a rewrite.
+ALTER TABLE @extschema@.dq_messages
+    ADD COLUMN channel text COLLATE "C" NOT NULL DEFAULT '',
+    ADD COLUMN priority integer NOT NULL DEFAULT 0;
+-- The poll index keeps the plain messages (every message of a 1.0.0 queue),
+-- with its entries unique (deduplication only cost time); the others get
+-- their own. Rebuilding it reads the table once.
+DROP INDEX @extschema@.dq_messages_due;
+CREATE INDEX dq_messages_due ON @extschema@.dq_messages (queue, due_at, id)
+WITH (deduplicate_items = off)
+WHERE channel = '' AND priority = 0;
+CREATE INDEX dq_messages_grouped ON @extschema@.dq_messages (queue, channel, priority DESC, due_at, id)
+WITH (deduplicate_items = off)
+WHERE channel <> '' OR priority <> 0;
+CREATE INDEX dq_messages_leases ON @extschema@.dq_messages (queue, channel, due_at)
+WHERE lock_token IS NOT NULL AND channel <> '';
+-- A redriven dead letter goes back to its channel and priority.
+ALTER TABLE @extschema@.dq_dead_letters
+    ADD COLUMN channel text COLLATE "C" NOT NULL DEFAULT '',
+    ADD COLUMN priority integer NOT NULL DEFAULT 0;
+-- The groups and their turn order (sql/src/10_storage.sql).
+CREATE TABLE @extschema@.dq_groups (
+    queue text COLLATE "C" NOT NULL,
+    channel text COLLATE "C" NOT NULL,
+    max_concurrency integer CONSTRAINT dq_groups_max_concurrency CHECK (max_concurrency >= 1),
+    min_interval interval CONSTRAINT dq_groups_min_interval CHECK (min_interval > '0'),
+    turn bigint,
+    last_leased_at timestamptz,
+    first_due timestamptz NOT NULL,
+    wake_at timestamptz,
+    CONSTRAINT dq_groups_pkey PRIMARY KEY (queue, channel)
+);
+CREATE INDEX dq_groups_turns ON @extschema@.dq_groups (queue, turn NULLS FIRST, first_due, channel)
+WHERE wake_at IS NULL;
+CREATE INDEX dq_groups_wakes ON @extschema@.dq_groups (queue, wake_at)
+WHERE wake_at IS NOT NULL;
+CREATE SEQUENCE @extschema@.dq_turns AS bigint;
+COMMENT ON TABLE @extschema@.dq_groups IS
+'pgdq channels and turn order. Use the dq_channel* functions; the layout is internal and may change.';
+-- Every role that could use pgdq 1.0.0 keeps working (every poll reads
+-- dq_groups): dq_groups gets the privileges each role, PUBLIC included, has
+-- on dq_messages, and the turns sequence goes to each that may update it.
+-- Row-level security on dq_messages carries over too: its policies are
+-- copied to dq_groups, whose queue column they can read as they read
+-- dq_messages' (docs/security.md). Names come from the catalogs, quoted.
+DO $carry_over$
+DECLARE
+    v_schema text := pg_catalog.current_schema();
+    v_messages pg_catalog.regclass := pg_catalog.format('%I.dq_messages', pg_catalog.current_schema());
+    v_grant record;
+    v_policy record;
+BEGIN
+    FOR v_grant IN
+        SELECT
+            CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE a.grantee::pg_catalog.regrole::text END
+                AS grantee,
+            a.privilege_type
+        FROM pg_catalog.pg_class AS c
+        CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) AS a
+        WHERE c.oid OPERATOR(pg_catalog.=) v_messages
+            AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+            AND a.privilege_type OPERATOR(pg_catalog.=) ANY(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE'])
+    LOOP
+        EXECUTE pg_catalog.format('GRANT %s ON %I.dq_groups TO %s', v_grant.privilege_type, v_schema, v_grant.grantee);
+        IF v_grant.privilege_type OPERATOR(pg_catalog.=) 'UPDATE' THEN
+            EXECUTE pg_catalog.format('GRANT SELECT, USAGE ON SEQUENCE %I.dq_turns TO %s', v_schema, v_grant.grantee);
+        END IF;
+    END LOOP;
+    IF (SELECT c.relrowsecurity FROM pg_catalog.pg_class AS c WHERE c.oid OPERATOR(pg_catalog.=) v_messages) THEN
+        EXECUTE pg_catalog.format('ALTER TABLE %I.dq_groups ENABLE ROW LEVEL SECURITY', v_schema);
+        FOR v_policy IN
+            SELECT
+                p.polname,
+                CASE WHEN p.polpermissive THEN 'PERMISSIVE' ELSE 'RESTRICTIVE' END AS kind,
+                CASE p.polcmd
+                    WHEN 'r' THEN 'SELECT' WHEN 'a' THEN 'INSERT' WHEN 'w' THEN 'UPDATE' WHEN 'd' THEN 'DELETE'
+                    ELSE 'ALL'
+                END AS command,
+                (
+                    SELECT pg_catalog.string_agg(
+                        CASE WHEN r.oid OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE r.oid::pg_catalog.regrole::text END,
+                        ', '
+                    )
+                    FROM pg_catalog.unnest(p.polroles) AS r (oid)
+                ) AS roles,
+                ' USING (' OPERATOR(pg_catalog.||) pg_catalog.pg_get_expr(p.polqual, p.polrelid)
+                    OPERATOR(pg_catalog.||) ')' AS using_clause,
+                ' WITH CHECK (' OPERATOR(pg_catalog.||) pg_catalog.pg_get_expr(p.polwithcheck, p.polrelid)
+                    OPERATOR(pg_catalog.||) ')' AS check_clause
+            FROM pg_catalog.pg_policy AS p
+            WHERE p.polrelid OPERATOR(pg_catalog.=) v_messages
+        LOOP
+            EXECUTE pg_catalog.format(
+                'CREATE POLICY %I ON %I.dq_groups AS %s FOR %s TO %s%s%s',
+                v_policy.polname, v_schema, v_policy.kind, v_policy.command, v_policy.roles,
+                coalesce(v_policy.using_clause, ''), coalesce(v_policy.check_clause, '')
+            );
+        END LOOP;
+    END IF;
+END
+$carry_over$;
+-- A delivery and dq_get's rows say the message's channel and priority;
+-- dq_offer and dq_offer_many take them (new arguments, new signatures).
+ALTER TYPE @extschema@.dq_delivery ADD ATTRIBUTE channel text, ADD ATTRIBUTE priority integer;
+DROP FUNCTION dq_get(text, text);
+DROP FUNCTION dq_offer(text, text, jsonb, timestamptz, boolean);
+DROP FUNCTION dq_offer_many(text, text[], jsonb[], timestamptz[], boolean);
+DROP FUNCTION dq__same_offer(jsonb, timestamptz, jsonb, timestamptz);
+DROP FUNCTION dq__offer_chain(text[], jsonb[], timestamptz[], boolean, timestamptz, text[], jsonb[], timestamptz[]);
+DROP FUNCTION dq__check_offer_arrays(text[], jsonb[], timestamptz[]);
 
 -- @functions
 
@@ -59,6 +168,12 @@ BEGIN
     ) THEN
         PERFORM pg_catalog.pg_extension_config_dump(
             pg_catalog.format('%I.dq_messages_id_seq', pg_catalog.current_schema())::pg_catalog.regclass, ''
+        );
+        PERFORM pg_catalog.pg_extension_config_dump(
+            pg_catalog.format('%I.dq_groups', pg_catalog.current_schema())::pg_catalog.regclass, ''
+        );
+        PERFORM pg_catalog.pg_extension_config_dump(
+            pg_catalog.format('%I.dq_turns', pg_catalog.current_schema())::pg_catalog.regclass, ''
         );
     END IF;
 END

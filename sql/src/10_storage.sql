@@ -6,7 +6,9 @@
 --   leased    lock_token IS NOT NULL  and due_at >  now
 -- due_at is the single "next time this row matters" column: the offered
 -- scheduled_at, a nack's retry_at, or while leased the lease end. That lets
--- one index, (queue, due_at, id), serve every poll and dq_next_due.
+-- one index, (queue, due_at, id), serve every poll and dq_next_due of a
+-- plain queue; channels and priorities (since 1.1) have an index of their
+-- own, so that a queue using neither pays nothing for them.
 CREATE TABLE dq_messages (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     -- C collation: names are identifiers compared byte for byte, and cron
@@ -27,6 +29,12 @@ CREATE TABLE dq_messages (
     -- characters); NULL when it gave none. An offer that resets attempts
     -- clears it too. Since 1.1 (last: ALTER TABLE adds it there).
     last_error text,
+    -- Since 1.1 (ALTER TABLE adds both there, instantly): the message's
+    -- channel, '' for none (the queue's unchanneled group), and priority.
+    -- A plain message (channel '' and priority 0) is in dq_messages_due;
+    -- every other one in dq_messages_grouped (42_groups.sql).
+    channel text COLLATE "C" NOT NULL DEFAULT '',
+    priority integer NOT NULL DEFAULT 0,
     CONSTRAINT dq_messages_queue_key UNIQUE (queue, key)
 ) WITH (
     -- Every lease, nack and extend moves due_at, an indexed column, so those
@@ -50,12 +58,28 @@ CREATE TABLE dq_messages (
 -- one-message poll took 0.25 ms of server time instead of 0.12 ms.
 -- pgtap/10_plans.sql checks that these plans stay on the indexes.
 
--- The poll path: due messages of one queue, earliest first, ties by id.
--- Polls and dq_next_due read only the head of one queue's range, so their
--- cost does not grow with the number of delayed messages or other queues.
--- Its entries are unique (id is in them), so deduplication never merges
--- any: turned off, a full page splits at once instead of first trying.
-CREATE INDEX dq_messages_due ON dq_messages (queue, due_at, id) WITH (deduplicate_items = off);
+-- The poll path of plain messages: due messages of one queue, earliest
+-- first, ties by id. Polls and dq_next_due read only the head of one queue's
+-- range, so their cost does not grow with the number of delayed messages or
+-- other queues. Its entries are unique (id is in them), so deduplication
+-- never merges any: turned off, a full page splits at once instead of first
+-- trying.
+CREATE INDEX dq_messages_due ON dq_messages (queue, due_at, id)
+WITH (deduplicate_items = off)
+WHERE channel = '' AND priority = 0;
+
+-- The poll path of every other message: per group (channel), highest
+-- priority first, then due time. A poll finds a group's next message with
+-- one probe per priority level the group uses (42_groups.sql).
+CREATE INDEX dq_messages_grouped ON dq_messages (queue, channel, priority DESC, due_at, id)
+WITH (deduplicate_items = off)
+WHERE channel <> '' OR priority <> 0;
+
+-- The leases of channeled messages by their end: a channel's valid leases
+-- are the entries after now, so counting them against max_concurrency reads
+-- at most that many entries, and an expired lease holds no slot.
+CREATE INDEX dq_messages_leases ON dq_messages (queue, channel, due_at)
+WHERE lock_token IS NOT NULL AND channel <> '';
 
 COMMENT ON TABLE dq_messages IS
 'pgdq messages. Use the dq_* functions; the layout is internal and may change.';
@@ -72,7 +96,9 @@ CREATE TYPE dq_delivery AS (
     attempts integer,
     redelivery boolean,
     lock_token uuid,
-    lease_until timestamptz
+    lease_until timestamptz,
+    channel text,       -- since 1.1; NULL: none
+    priority integer    -- since 1.1
 );
 
 -- The time dq.now pins the clock to (STRICT: never called when it is unset);
@@ -140,6 +166,9 @@ CREATE TABLE dq_dead_letters (
     attempts integer NOT NULL,
     error text,
     failed_at timestamptz NOT NULL,
+    -- Since 1.1: a redriven message goes back to its channel and priority.
+    channel text COLLATE "C" NOT NULL DEFAULT '',
+    priority integer NOT NULL DEFAULT 0,
     CONSTRAINT dq_dead_letters_pkey PRIMARY KEY (queue, key)
 );
 
@@ -180,3 +209,41 @@ CREATE INDEX dq_schedules_next ON dq_schedules (queue, next_at);
 
 COMMENT ON TABLE dq_schedules IS
 'pgdq schedules. Use the dq_schedule* functions; the layout is internal and may change.';
+
+-- The groups of the queues that use channels or priorities (since 1.1): one
+-- row per channel ('' for the queue's unchanneled group) holding its limits
+-- and its place in the turn order. A queue with no row here is plain: its
+-- polls never look at this table beyond one probe (42_groups.sql explains
+-- the turn rule and how rows are kept exact without a counter that drifts).
+CREATE TABLE dq_groups (
+    queue text COLLATE "C" NOT NULL,
+    channel text COLLATE "C" NOT NULL,
+    -- limits (dq_channel_set); NULL: none
+    max_concurrency integer CONSTRAINT dq_groups_max_concurrency CHECK (max_concurrency >= 1),
+    min_interval interval CONSTRAINT dq_groups_min_interval CHECK (min_interval > '0'),
+    -- the dq_turns value of its most recent lease, so the group leased
+    -- longest ago comes first; NULL: never leased
+    turn bigint,
+    last_leased_at timestamptz,
+    -- no later than the due time of its next message: orders the groups
+    -- never leased from (offers lower it, polls correct it)
+    first_due timestamptz NOT NULL,
+    -- NULL: polls look at the group; otherwise no message of it can be
+    -- eligible before then (offers and freed slots lower it)
+    wake_at timestamptz,
+    CONSTRAINT dq_groups_pkey PRIMARY KEY (queue, channel)
+);
+
+-- The turn order of the groups polls look at.
+CREATE INDEX dq_groups_turns ON dq_groups (queue, turn NULLS FIRST, first_due, channel)
+WHERE wake_at IS NULL;
+
+-- The groups waiting for a time, by that time.
+CREATE INDEX dq_groups_wakes ON dq_groups (queue, wake_at)
+WHERE wake_at IS NOT NULL;
+
+-- Turns: taking a message gives its group the next value.
+CREATE SEQUENCE dq_turns AS bigint;
+
+COMMENT ON TABLE dq_groups IS
+'pgdq channels and turn order. Use the dq_channel* functions; the layout is internal and may change.';

@@ -95,6 +95,30 @@ CREATE FUNCTION dq__check_key(key text, arg_name text) RETURNS void
 LANGUAGE sql IMMUTABLE
 AS $$ SELECT @extschema@.dq__check_name(key, arg_name, @extschema@.dq__key_max_length()) $$;
 
+-- The longest channel name, in characters (docs/sql-reference.md, Names).
+CREATE FUNCTION dq__channel_max_length() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT 100::pg_catalog.int4 $$;
+
+-- True when channel is NULL (none) or follows the channel name rule (inlines).
+CREATE FUNCTION dq__valid_channel(channel text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT channel IS NULL
+        OR @extschema@.dq__valid_name(channel, @extschema@.dq__channel_max_length())
+$$;
+
+-- Raise 22023 naming arg_name unless channel is NULL or follows the rule.
+CREATE FUNCTION dq__check_channel(channel text, arg_name text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF channel IS NOT NULL THEN
+        PERFORM @extschema@.dq__check_name(channel, arg_name, @extschema@.dq__channel_max_length());
+    END IF;
+END
+$$;
+
 -- The most characters of a consumer's error a message keeps (dq_nack keeps
 -- the last ones: a traceback ends with the exception).
 CREATE FUNCTION dq__error_max_length() RETURNS integer

@@ -1,18 +1,25 @@
 -- Producing: dq_offer and dq_offer_many.
 
--- True when an offer of (new_payload, new_at) matches the stored version, so
--- that it changes nothing: same payload, and a NULL time matches any time.
+-- True when an offer of (new_payload, new_at, new_channel, new_priority)
+-- matches the stored version, so that it changes nothing: same payload,
+-- channel ('' for none) and priority, and a NULL time matches any time.
 -- Operators are schema-qualified so the planner can inline this function.
 CREATE FUNCTION dq__same_offer(
     stored_payload jsonb,
     stored_at timestamptz,
+    stored_channel text,
+    stored_priority integer,
     new_payload jsonb,
-    new_at timestamptz
+    new_at timestamptz,
+    new_channel text,
+    new_priority integer
 ) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
     SELECT stored_payload OPERATOR(pg_catalog.=) new_payload
         AND (new_at IS NULL OR new_at OPERATOR(pg_catalog.=) stored_at)
+        AND stored_channel OPERATOR(pg_catalog.=) new_channel
+        AND stored_priority OPERATOR(pg_catalog.=) new_priority
 $$;
 
 -- Wake idle consumers of queue; sent at commit, one per queue per transaction.
@@ -23,7 +30,9 @@ AS $$ SELECT pg_catalog.pg_notify('dq_wakeup', queue) $$;
 -- Wake idle consumers of queue (dq__wake) when a message this statement
 -- wrote, due at written_at, is due no later than every other message of the
 -- queue it can see: only then could a consumer sleeping until dq_next_due
--- oversleep. Writes behind the head stay silent, so busy producers do not
+-- oversleep. (For a message with no channel and priority 0; in a queue with
+-- channels that compares it with the other such messages only, which can
+-- wake consumers needlessly but never lets one oversleep.) Writes behind the head stay silent, so busy producers do not
 -- serialise on the server's notification lock (docs/sql-reference.md, Wake-ups).
 CREATE FUNCTION dq__wake_if_head(queue text, written_at timestamptz) RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -33,6 +42,7 @@ BEGIN
     IF written_at OPERATOR(pg_catalog.<=) (
         SELECT m.due_at FROM @extschema@.dq_messages AS m
         WHERE m.queue OPERATOR(pg_catalog.=) dq__wake_if_head.queue
+            AND m.channel OPERATOR(pg_catalog.=) '' AND m.priority OPERATOR(pg_catalog.=) 0
         ORDER BY m.due_at
         LIMIT 1
     ) THEN
@@ -47,7 +57,9 @@ CREATE FUNCTION dq_offer(
     key text,
     payload jsonb,
     scheduled_at timestamptz DEFAULT NULL,
-    can_update boolean DEFAULT TRUE
+    can_update boolean DEFAULT TRUE,
+    channel text DEFAULT NULL,
+    priority integer DEFAULT 0
 ) RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -57,6 +69,8 @@ AS $$
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
     v_at timestamptz := coalesce(dq_offer.scheduled_at, v_now);
+    v_channel text := coalesce(dq_offer.channel, '');
+    v_priority integer := coalesce(dq_offer.priority, 0);
     v_inserted boolean;
 BEGIN
     -- one cheap test on the hot path; the checks say what is wrong
@@ -64,20 +78,22 @@ BEGIN
         OR NOT @extschema@.dq__valid_key(dq_offer.key)
         OR dq_offer.payload IS NULL
         OR dq_offer.can_update IS NULL
-        OR NOT coalesce(isfinite(dq_offer.scheduled_at), TRUE) THEN
+        OR NOT coalesce(isfinite(dq_offer.scheduled_at), TRUE)
+        OR NOT @extschema@.dq__valid_channel(dq_offer.channel) THEN
         PERFORM @extschema@.dq__check_queue(dq_offer.queue);
         PERFORM @extschema@.dq__check_key(dq_offer.key, 'key');
         PERFORM @extschema@.dq__null_check(dq_offer.payload IS NULL, 'payload');
         PERFORM @extschema@.dq__null_check(dq_offer.can_update IS NULL, 'can_update');
         PERFORM @extschema@.dq__check_finite(dq_offer.scheduled_at, 'scheduled_at');
+        PERFORM @extschema@.dq__check_channel(dq_offer.channel, 'channel');
     END IF;
 
     -- ON CONFLICT makes concurrent offers of one key wait for each other
     -- instead of failing: one creates, the others update or ignore.
     INSERT INTO @extschema@.dq_messages AS m (
-        queue, key, payload, scheduled_at, due_at, created_at
+        queue, key, payload, scheduled_at, due_at, created_at, channel, priority
     )
-    VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now)
+    VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now, v_channel, v_priority)
     ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO UPDATE
         SET payload = excluded.payload,
             scheduled_at = excluded.scheduled_at,
@@ -86,18 +102,28 @@ BEGIN
             attempts = 0,
             state = NULL,
             last_error = NULL,
-            lock_token = NULL
+            lock_token = NULL,
+            channel = excluded.channel,
+            priority = excluded.priority
         WHERE dq_offer.can_update
             AND NOT @extschema@.dq__same_offer(
-                m.payload, m.scheduled_at,
-                excluded.payload, dq_offer.scheduled_at
+                m.payload, m.scheduled_at, m.channel, m.priority,
+                excluded.payload, dq_offer.scheduled_at, excluded.channel, excluded.priority
             )
     RETURNING m.xmax = 0 INTO v_inserted;  -- xmax is 0 on a fresh insert
 
     IF NOT FOUND THEN
         RETURN 'ignored';
     END IF;
-    PERFORM @extschema@.dq__wake_if_head(dq_offer.queue, v_at);
+    IF v_channel = '' AND v_priority = 0 THEN
+        PERFORM @extschema@.dq__wake_if_head(dq_offer.queue, v_at);
+    ELSE
+        -- an update drops any lease: its slot may be free
+        PERFORM @extschema@.dq__groups_touch(
+            dq_offer.queue, ARRAY[v_channel], ARRAY[v_at], ARRAY[NOT v_inserted], v_now
+        );
+        PERFORM @extschema@.dq__wake_if_first(dq_offer.queue, v_at, v_now);
+    END IF;
     RETURN CASE WHEN v_inserted THEN 'created' ELSE 'updated' END;
 END
 $$;
@@ -106,21 +132,28 @@ $$;
 -- one row per element (elem_ord >= 1) with its outcome and the state it
 -- leaves, plus whether it is its key's last element and whether the key ends
 -- up written. stored_* give the current version of keys that already exist.
+-- channels and priorities: NULL (or a NULL element) means none and 0.
 CREATE FUNCTION dq__offer_chain(
     keys text[],
     payloads jsonb[],
     scheduled_ats timestamptz[],
+    channels text[],
+    priorities integer[],
     can_update boolean,
     now_at timestamptz,
     stored_keys text[],
     stored_payloads jsonb[],
-    stored_ats timestamptz[]
+    stored_ats timestamptz[],
+    stored_channels text[],
+    stored_priorities integer[]
 ) RETURNS TABLE (
     elem_ord bigint,
     elem_key text,
     outcome text,
     final_payload jsonb,
     final_at timestamptz,
+    final_channel text,
+    final_priority integer,
     is_last boolean,
     had_stored boolean,
     key_written boolean
@@ -129,12 +162,14 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     WITH elems AS (
-        SELECT e.ord, e.k COLLATE "C" AS k, e.p, e.s, false AS is_stored
-        FROM unnest(keys, payloads, scheduled_ats)
-            WITH ORDINALITY AS e (k, p, s, ord)
+        SELECT e.ord, e.k COLLATE "C" AS k, e.p, e.s,
+            coalesce(e.c, '') AS c, coalesce(e.pr, 0) AS pr, false AS is_stored
+        FROM unnest(keys, payloads, scheduled_ats, channels, priorities)
+            WITH ORDINALITY AS e (k, p, s, c, pr, ord)
         UNION ALL
-        SELECT 0, s.k COLLATE "C", s.p, s.s, true
-        FROM unnest(stored_keys, stored_payloads, stored_ats) AS s (k, p, s)
+        SELECT 0, s.k COLLATE "C", s.p, s.s, s.c, s.pr, true
+        FROM unnest(stored_keys, stored_payloads, stored_ats, stored_channels, stored_priorities)
+            AS s (k, p, s, c, pr)
     ),
 
     -- sets_at: the scheduled_at an element leaves behind when it sets one;
@@ -144,10 +179,14 @@ AS $$
             elems.*,
             row_number() OVER w = 1 AS is_first,
             lag(elems.p) OVER w AS prev_p,
+            lag(elems.c) OVER w AS prev_c,
+            lag(elems.pr) OVER w AS prev_pr,
             CASE
                 WHEN elems.is_stored OR elems.s IS NOT NULL THEN elems.s
                 WHEN row_number() OVER w = 1 THEN now_at
-                WHEN elems.p <> lag(elems.p) OVER w THEN now_at
+                WHEN elems.p <> lag(elems.p) OVER w
+                    OR elems.c <> lag(elems.c) OVER w
+                    OR elems.pr <> lag(elems.pr) OVER w THEN now_at
             END AS sets_at
         FROM elems
         WINDOW w AS (PARTITION BY elems.k ORDER BY elems.ord)
@@ -177,8 +216,8 @@ AS $$
                 WHEN resolved.is_first THEN 'created'
                 WHEN NOT can_update THEN 'ignored'
                 WHEN @extschema@.dq__same_offer(
-                    resolved.prev_p, lag(resolved.at) OVER w,
-                    resolved.p, resolved.s
+                    resolved.prev_p, lag(resolved.at) OVER w, resolved.prev_c, resolved.prev_pr,
+                    resolved.p, resolved.s, resolved.c, resolved.pr
                 ) THEN 'ignored'
                 ELSE 'updated'
             END AS outcome
@@ -193,6 +232,8 @@ AS $$
         -- without can_update the first version stays
         CASE WHEN can_update THEN judged.p ELSE first_value(judged.p) OVER w END,
         CASE WHEN can_update THEN judged.at ELSE first_value(judged.at) OVER w END,
+        CASE WHEN can_update THEN judged.c ELSE first_value(judged.c) OVER w END,
+        CASE WHEN can_update THEN judged.pr ELSE first_value(judged.pr) OVER w END,
         judged.ord = max(judged.ord) OVER k,
         bool_or(judged.is_stored) OVER k,
         bool_or(NOT judged.is_stored AND judged.outcome <> 'ignored') OVER k
@@ -204,7 +245,7 @@ $$;
 
 -- Raise 22004/22023 unless the offer_many arrays are usable (docs/sql-reference.md).
 CREATE FUNCTION dq__check_offer_arrays(
-    keys text[], payloads jsonb[], scheduled_ats timestamptz[]
+    keys text[], payloads jsonb[], scheduled_ats timestamptz[], channels text[], priorities integer[]
 ) RETURNS void
 LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
@@ -216,10 +257,12 @@ BEGIN
     PERFORM @extschema@.dq__null_check(payloads IS NULL, 'payloads');
     IF coalesce(array_ndims(keys), 1) > 1
         OR coalesce(array_ndims(payloads), 1) > 1
-        OR coalesce(array_ndims(scheduled_ats), 1) > 1 THEN
+        OR coalesce(array_ndims(scheduled_ats), 1) > 1
+        OR coalesce(array_ndims(channels), 1) > 1
+        OR coalesce(array_ndims(priorities), 1) > 1 THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
-            MESSAGE = 'pgdq: keys, payloads and scheduled_ats must be one-dimensional arrays';
+            MESSAGE = 'pgdq: keys, payloads, scheduled_ats, channels and priorities must be one-dimensional arrays';
     END IF;
     IF cardinality(payloads) <> cardinality(keys)
         OR cardinality(scheduled_ats) <> cardinality(keys) THEN
@@ -229,6 +272,15 @@ BEGIN
                 'pgdq: keys, payloads and scheduled_ats must have equal lengths, got %s, %s and %s',
                 cardinality(keys), cardinality(payloads),
                 coalesce(cardinality(scheduled_ats)::text, 'NULL')
+            );
+    END IF;
+    IF cardinality(channels) <> cardinality(keys) OR cardinality(priorities) <> cardinality(keys) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = format(
+                'pgdq: channels and priorities must have as many elements as keys (%s), got %s and %s',
+                cardinality(keys),
+                coalesce(cardinality(channels)::text, 'NULL'), coalesce(cardinality(priorities)::text, 'NULL')
             );
     END IF;
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(keys, NULL), keys IS NULL, 'keys');
@@ -241,6 +293,14 @@ BEGIN
     LIMIT 1;
     IF v_bad IS NOT NULL THEN
         PERFORM @extschema@.dq__check_key(keys[v_bad], format('keys[%s]', v_bad));
+    END IF;
+    SELECT c.ord INTO v_bad
+    FROM unnest(channels) WITH ORDINALITY AS c (c, ord)
+    WHERE NOT @extschema@.dq__valid_channel(c.c)
+    ORDER BY c.ord
+    LIMIT 1;
+    IF v_bad IS NOT NULL THEN
+        PERFORM @extschema@.dq__check_channel(channels[v_bad], format('channels[%s]', v_bad));
     END IF;
 END
 $$;
@@ -257,6 +317,8 @@ CREATE FUNCTION dq__offer_new(
     keys text[],
     payloads jsonb[],
     scheduled_ats timestamptz[],
+    channels text[],
+    priorities integer[],
     now_at timestamptz
 ) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
@@ -265,16 +327,59 @@ SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 BEGIN
     INSERT INTO @extschema@.dq_messages (
-        queue, key, payload, scheduled_at, due_at, created_at
+        queue, key, payload, scheduled_at, due_at, created_at, channel, priority
     )
     SELECT
         dq__offer_new.queue, e.k, e.p,
-        coalesce(e.s, now_at), coalesce(e.s, now_at), now_at
-    FROM unnest(keys, payloads, scheduled_ats) AS e (k, p, s)
+        coalesce(e.s, now_at), coalesce(e.s, now_at), now_at,
+        coalesce(e.c, ''), coalesce(e.pr, 0)
+    FROM unnest(keys, payloads, scheduled_ats, channels, priorities) AS e (k, p, s, c, pr)
     ORDER BY e.k COLLATE "C";
     RETURN TRUE;
 EXCEPTION WHEN unique_violation THEN  -- a key exists or repeats: undone
     RETURN FALSE;
+END
+$$;
+
+-- After a batch of offers wrote messages into queue (for each: channel,
+-- priority, due time, and whether it updated one that existed): tell the
+-- groups of those with a channel or a priority (dq__groups_touch) and wake
+-- idle consumers when one of them comes first.
+CREATE FUNCTION dq__offers_written(
+    queue text,
+    channels text[],
+    priorities integer[],
+    dues timestamptz[],
+    updated boolean[],
+    now_at timestamptz
+) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_plain_first timestamptz;
+    v_grouped_first timestamptz;
+    v_channels text[];
+    v_dues timestamptz[];
+    v_updated boolean[];
+BEGIN
+    SELECT
+        min(e.d) FILTER (WHERE coalesce(e.c, '') = '' AND coalesce(e.pr, 0) = 0),
+        min(e.d) FILTER (WHERE coalesce(e.c, '') <> '' OR coalesce(e.pr, 0) <> 0),
+        array_agg(coalesce(e.c, '')) FILTER (WHERE coalesce(e.c, '') <> '' OR coalesce(e.pr, 0) <> 0),
+        array_agg(e.d) FILTER (WHERE coalesce(e.c, '') <> '' OR coalesce(e.pr, 0) <> 0),
+        array_agg(coalesce(e.u, FALSE)) FILTER (WHERE coalesce(e.c, '') <> '' OR coalesce(e.pr, 0) <> 0)
+    INTO v_plain_first, v_grouped_first, v_channels, v_dues, v_updated
+    FROM unnest(channels, priorities, dues, updated) AS e (c, pr, d, u)
+    WHERE e.d IS NOT NULL;
+    IF v_plain_first IS NOT NULL THEN
+        PERFORM @extschema@.dq__wake_if_head(queue, v_plain_first);
+    END IF;
+    IF v_grouped_first IS NOT NULL THEN
+        -- an update drops any lease: its slot may be free
+        PERFORM @extschema@.dq__groups_touch(queue, v_channels, v_dues, v_updated, now_at);
+        PERFORM @extschema@.dq__wake_if_first(queue, v_grouped_first, now_at);
+    END IF;
 END
 $$;
 
@@ -285,7 +390,9 @@ CREATE FUNCTION dq_offer_many(
     keys text[],
     payloads jsonb[],
     scheduled_ats timestamptz[] DEFAULT NULL,
-    can_update boolean DEFAULT TRUE
+    can_update boolean DEFAULT TRUE,
+    channels text[] DEFAULT NULL,
+    priorities integer[] DEFAULT NULL
 ) RETURNS TABLE (key text, outcome text)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -297,29 +404,38 @@ DECLARE
     v_keys text[];           -- the distinct keys
     v_distinct boolean;      -- no key repeats in the batch
     v_new text[];
-    v_created integer := 0;
-    v_updated integer := 0;
-    v_first_at timestamptz;  -- the earliest due time written
     v_stored_keys text[] := '{}';
     v_stored_payloads jsonb[];
     v_stored_ats timestamptz[];
+    v_stored_channels text[];
+    v_stored_priorities integer[];
+    -- what was written: channel, priority, due time, whether it was an update
+    v_channels text[] := '{}';
+    v_priorities integer[] := '{}';
+    v_dues timestamptz[] := '{}';
+    v_updated boolean[] := '{}';
 BEGIN
     PERFORM @extschema@.dq__check_queue(v_queue);
     PERFORM @extschema@.dq__null_check(can_update IS NULL, 'can_update');
-    PERFORM @extschema@.dq__check_offer_arrays(keys, payloads, scheduled_ats);
+    PERFORM @extschema@.dq__check_offer_arrays(keys, payloads, scheduled_ats, channels, priorities);
 
     -- The fast path runs in a subtransaction (its EXCEPTION block), so only
     -- a transaction's first write takes it: a transaction never holds more
     -- than one of pgdq's, far below the 64 a backend caches (past them every
     -- other session's snapshots slow down until the transaction ends).
     IF pg_current_xact_id_if_assigned() IS NULL
-        AND @extschema@.dq__offer_new(v_queue, keys, payloads, scheduled_ats, v_now) THEN
-        IF cardinality(keys) > 0 THEN
-            v_first_at := CASE
+        AND @extschema@.dq__offer_new(v_queue, keys, payloads, scheduled_ats, channels, priorities, v_now) THEN
+        IF cardinality(keys) > 0 AND channels IS NULL AND priorities IS NULL THEN
+            PERFORM @extschema@.dq__wake_if_head(v_queue, CASE
                 WHEN scheduled_ats IS NULL THEN v_now
                 ELSE (SELECT min(coalesce(s.s, v_now)) FROM unnest(scheduled_ats) AS s (s))
-            END;
-            PERFORM @extschema@.dq__wake_if_head(v_queue, v_first_at);
+            END);
+        ELSIF cardinality(keys) > 0 THEN
+            PERFORM @extschema@.dq__offers_written(
+                v_queue, channels, priorities,
+                ARRAY(SELECT coalesce(e.s, v_now) FROM unnest(keys, scheduled_ats) AS e (k, s)),
+                NULL::boolean[], v_now
+            );
         END IF;
         RETURN QUERY SELECT k.k, 'created'::text FROM unnest(keys) AS k (k);
         RETURN;
@@ -336,42 +452,47 @@ BEGIN
     -- deleted concurrently is waited for and then either created or locked.
     WITH candidates AS (
         -- distinct keys (the usual batch) need no replay
-        SELECT e.k, e.p, coalesce(e.s, v_now) AS at
-        FROM unnest(keys, payloads, scheduled_ats) AS e (k, p, s)
+        SELECT e.k, e.p, coalesce(e.s, v_now) AS at, coalesce(e.c, '') AS c, coalesce(e.pr, 0) AS pr
+        FROM unnest(keys, payloads, scheduled_ats, channels, priorities) AS e (k, p, s, c, pr)
         WHERE v_distinct
         UNION ALL
-        SELECT c.elem_key, c.final_payload, c.final_at
+        SELECT c.elem_key, c.final_payload, c.final_at, c.final_channel, c.final_priority
         FROM @extschema@.dq__offer_chain(
-            keys, payloads, scheduled_ats, can_update, v_now, NULL::text[], NULL::jsonb[], NULL::timestamptz[]
+            keys, payloads, scheduled_ats, channels, priorities, can_update, v_now,
+            NULL::text[], NULL::jsonb[], NULL::timestamptz[], NULL::text[], NULL::integer[]
         ) AS c
         WHERE NOT v_distinct AND c.is_last
     ),
 
     inserted AS (
         INSERT INTO @extschema@.dq_messages AS m (
-            queue, key, payload, scheduled_at, due_at, created_at
+            queue, key, payload, scheduled_at, due_at, created_at, channel, priority
         )
-        SELECT v_queue, c.k, c.p, c.at, c.at, v_now
+        SELECT v_queue, c.k, c.p, c.at, c.at, v_now, c.c, c.pr
         FROM candidates AS c
         ORDER BY c.k COLLATE "C"
         ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO UPDATE
             SET payload = m.payload
             WHERE FALSE
-        RETURNING m.key, m.due_at
+        RETURNING m.key, m.due_at, m.channel, m.priority
     )
 
-    SELECT coalesce(array_agg(inserted.key), '{}'), min(inserted.due_at)
-    INTO v_new, v_first_at
-    FROM inserted;
-    v_created := cardinality(v_new);
+    SELECT
+        coalesce(array_agg(i.key), '{}'), coalesce(array_agg(i.channel), '{}'),
+        coalesce(array_agg(i.priority), '{}'), coalesce(array_agg(i.due_at), '{}'),
+        coalesce(array_agg(FALSE), '{}')
+    INTO v_new, v_channels, v_priorities, v_dues, v_updated
+    FROM inserted AS i;
 
-    IF v_created < cardinality(v_keys) THEN
+    IF cardinality(v_new) < cardinality(v_keys) THEN
         -- the other keys existed and are locked by now: read their versions
         SELECT
             coalesce(array_agg(m.key), '{}'),
             array_agg(m.payload),
-            array_agg(m.scheduled_at)
-        INTO v_stored_keys, v_stored_payloads, v_stored_ats
+            array_agg(m.scheduled_at),
+            array_agg(m.channel),
+            array_agg(m.priority)
+        INTO v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities
         FROM @extschema@.dq_messages AS m
         INNER JOIN unnest(v_keys) AS p (k) ON m.key = p.k
         WHERE m.queue = v_queue
@@ -388,23 +509,29 @@ BEGIN
                 attempts = 0,
                 state = NULL,
                 last_error = NULL,
-                lock_token = NULL
+                lock_token = NULL,
+                channel = c.final_channel,
+                priority = c.final_priority
             FROM @extschema@.dq__offer_chain(
-                keys, payloads, scheduled_ats, can_update, v_now,
-                v_stored_keys, v_stored_payloads, v_stored_ats
+                keys, payloads, scheduled_ats, channels, priorities, can_update, v_now,
+                v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities
             ) AS c
             WHERE c.is_last AND c.had_stored AND c.key_written
                 AND m.queue = v_queue AND m.key = c.elem_key
-            RETURNING m.due_at
+            RETURNING m.due_at, m.channel, m.priority
         )
 
-        SELECT count(*), least(v_first_at, min(updated.due_at))
-        INTO v_updated, v_first_at
-        FROM updated;
+        SELECT
+            v_channels || coalesce(array_agg(u.channel), '{}'),
+            v_priorities || coalesce(array_agg(u.priority), '{}'),
+            v_dues || coalesce(array_agg(u.due_at), '{}'),
+            v_updated || coalesce(array_agg(TRUE), '{}')
+        INTO v_channels, v_priorities, v_dues, v_updated
+        FROM updated AS u;
     END IF;
 
-    IF v_created + v_updated > 0 THEN
-        PERFORM @extschema@.dq__wake_if_head(v_queue, v_first_at);
+    IF cardinality(v_dues) > 0 THEN
+        PERFORM @extschema@.dq__offers_written(v_queue, v_channels, v_priorities, v_dues, v_updated, v_now);
     END IF;
 
     IF v_distinct AND cardinality(v_stored_keys) = 0 THEN
@@ -414,8 +541,8 @@ BEGIN
     RETURN QUERY
     SELECT c.elem_key::text, c.outcome
     FROM @extschema@.dq__offer_chain(
-        keys, payloads, scheduled_ats, can_update, v_now,
-        v_stored_keys, v_stored_payloads, v_stored_ats
+        keys, payloads, scheduled_ats, channels, priorities, can_update, v_now,
+        v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities
     ) AS c
     WHERE c.elem_ord > 0
     ORDER BY c.elem_ord;

@@ -1,6 +1,7 @@
 -- Consuming: poll, ack, nack, extend.
 
--- Lease up to max_count due messages of queue, earliest due first (ties by id).
+-- Lease up to max_count due messages of queue, earliest due first (ties by
+-- id); in a queue with channels or priorities, by the turn rule (42_groups.sql).
 CREATE FUNCTION dq_poll_many(
     queue text,
     max_count integer,
@@ -34,6 +35,10 @@ BEGIN
         PERFORM @extschema@.dq__materialise(v_queue, v_now);
     END IF;
     v_max_attempts := (SELECT q.max_attempts FROM @extschema@.dq_queues AS q WHERE q.queue = v_queue);
+    IF @extschema@.dq__grouped(v_queue) THEN
+        RETURN QUERY SELECT * FROM @extschema@.dq__poll_grouped(v_queue, max_count, lease, v_now, v_max_attempts);
+        RETURN;
+    END IF;
 
     -- Pick and lock in one index range scan of (queue, due_at, id); rows a
     -- concurrent poller holds are skipped, never waited for. The arrays keep
@@ -45,7 +50,7 @@ BEGIN
     FROM (
         SELECT m.ctid AS row_at, m.id, coalesce(m.attempts >= v_max_attempts, FALSE) AS spent
         FROM @extschema@.dq_messages AS m
-        WHERE m.queue = v_queue AND m.due_at <= v_now
+        WHERE m.queue = v_queue AND m.channel = '' AND m.priority = 0 AND m.due_at <= v_now
         ORDER BY m.due_at, m.id
         LIMIT max_count
         FOR UPDATE SKIP LOCKED
@@ -79,7 +84,8 @@ BEGIN
     )
     SELECT
         l.id, l.queue::text, l.key::text, l.payload, l.state, l.scheduled_at,
-        l.created_at, l.attempts, l.attempts > 1, l.lock_token, l.due_at
+        l.created_at, l.attempts, l.attempts > 1, l.lock_token, l.due_at,
+        NULL::text, 0  -- a plain queue's messages have no channel, priority 0
     FROM leased AS l
     ORDER BY l.pos;
 END
@@ -108,12 +114,51 @@ SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    v_now timestamptz := @extschema@.dq_now();
+    v_queue text;
+    v_channel text;
+    v_until timestamptz;
 BEGIN
     DELETE FROM @extschema@.dq_messages AS m
     WHERE m.id = @extschema@.dq__token_id(dq_ack.lock_token)
-        AND m.lock_token = dq_ack.lock_token;
-    RETURN FOUND;
+        AND m.lock_token = dq_ack.lock_token
+    RETURNING m.queue, m.channel, m.due_at INTO v_queue, v_channel, v_until;
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    IF v_channel <> '' AND v_until > v_now THEN  -- a channel's slot is free
+        PERFORM @extschema@.dq__groups_touch(v_queue, ARRAY[v_channel], '{NULL}', '{TRUE}', v_now);
+    END IF;
+    RETURN TRUE;
+END
+$$;
+
+-- The channels of queues whose leases a statement ended (for each message:
+-- its queue, channel and due time before, ended: its lease was valid at
+-- now_at) are told (dq__groups_touch): their slots are free.
+CREATE FUNCTION dq__leases_ended(
+    queues text[], channels text[], dues timestamptz[], now_at timestamptz
+) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_freed record;
+BEGIN
+    FOR v_freed IN
+        SELECT e.q AS queue, array_agg(e.c) AS channels
+        FROM unnest(queues, channels, dues) AS e (q, c, d)
+        WHERE e.c <> '' AND e.d > now_at
+        GROUP BY e.q
+        ORDER BY e.q
+    LOOP
+        PERFORM @extschema@.dq__groups_touch(
+            v_freed.queue, v_freed.channels,
+            array_fill(NULL::timestamptz, ARRAY[cardinality(v_freed.channels)]),
+            array_fill(TRUE, ARRAY[cardinality(v_freed.channels)]),
+            now_at
+        );
+    END LOOP;
 END
 $$;
 
@@ -124,9 +169,12 @@ SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 DECLARE
-    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    v_now timestamptz := @extschema@.dq_now();
     v_rows tid[];
     v_deleted integer;
+    v_queues text[];
+    v_channels text[];
+    v_dues timestamptz[];
 BEGIN
     -- Rows are locked in (queue, key) order, the order dq_offer_many locks
     -- in, so a batch ack and a batch offer never deadlock.
@@ -141,9 +189,22 @@ BEGIN
     -- Locked by this transaction, the rows are still at those addresses
     -- (ctid): one heap fetch each instead of a second primary key lookup.
     -- (A separate statement: its snapshot sees the versions just locked.)
-    DELETE FROM @extschema@.dq_messages AS m
-    WHERE m.ctid = ANY (v_rows);
-    GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    WITH deleted AS (
+        DELETE FROM @extschema@.dq_messages AS m
+        WHERE m.ctid = ANY (v_rows)
+        RETURNING m.queue, m.channel, m.due_at
+    )
+
+    SELECT
+        count(*),
+        array_agg(d.queue) FILTER (WHERE d.channel <> ''),
+        array_agg(d.channel) FILTER (WHERE d.channel <> ''),
+        array_agg(d.due_at) FILTER (WHERE d.channel <> '')
+    INTO v_deleted, v_queues, v_channels, v_dues
+    FROM deleted AS d;
+    IF v_queues IS NOT NULL THEN
+        PERFORM @extschema@.dq__leases_ended(v_queues, v_channels, v_dues, v_now);
+    END IF;
     RETURN v_deleted;
 END
 $$;
@@ -185,6 +246,8 @@ DECLARE
     v_now timestamptz := @extschema@.dq_now();
     v_queue text;
     v_due_at timestamptz;
+    v_channel text;
+    v_priority integer;
 BEGIN
     -- an infinite retry time would park the message for ever (or, -infinity,
     -- make dq_next_due and dq_stats report -infinity): refuse it
@@ -198,17 +261,26 @@ BEGIN
         last_error = right(dq_nack.error, @extschema@.dq__error_max_length())
     WHERE m.id = @extschema@.dq__token_id(dq_nack.lock_token)
         AND m.lock_token = dq_nack.lock_token
-    RETURNING m.queue, m.due_at INTO v_queue, v_due_at;
+    RETURNING m.queue, m.due_at, m.channel, m.priority INTO v_queue, v_due_at, v_channel, v_priority;
     IF NOT FOUND THEN
         RETURN FALSE;
     END IF;
-    -- a message handed back before the queue's head wakes idle consumers
-    PERFORM @extschema@.dq__wake_if_head(v_queue, v_due_at);
+    IF v_channel = '' AND v_priority = 0 THEN
+        -- a message handed back before the queue's head wakes idle consumers
+        PERFORM @extschema@.dq__wake_if_head(v_queue, v_due_at);
+        RETURN TRUE;
+    END IF;
+    -- its lease may have been valid: a slot of its channel may be free
+    IF v_channel <> '' THEN
+        PERFORM @extschema@.dq__groups_touch(v_queue, ARRAY[v_channel], ARRAY[v_due_at], '{TRUE}', v_now);
+    END IF;
+    PERFORM @extschema@.dq__wake_if_first(v_queue, v_due_at, v_now);
     RETURN TRUE;
 END
 $$;
 
 -- Heartbeat: lease until now + lease; the new lease_until, NULL when stale.
+-- A lease that has ended comes back only while its channel has a free slot.
 CREATE FUNCTION dq_extend(
     lock_token uuid,
     lease interval
@@ -221,6 +293,8 @@ AS $$
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
     v_until timestamptz;
+    v_message record;
+    v_max integer;
 BEGIN
     IF NOT @extschema@.dq__valid_lease(lease, v_now) THEN
         PERFORM @extschema@.dq__check_lease(lease, v_now);
@@ -229,6 +303,41 @@ BEGIN
     SET due_at = v_now + lease
     WHERE m.id = @extschema@.dq__token_id(dq_extend.lock_token)
         AND m.lock_token = dq_extend.lock_token
+        AND m.channel = ''
+    RETURNING m.due_at INTO v_until;
+    IF FOUND THEN
+        RETURN v_until;
+    END IF;
+
+    -- A channel's message: a poll counting its slots must not see a lease
+    -- come back after it counted it as ended. Under the channel's row, which
+    -- polls hold while they count, with the clock read afresh.
+    SELECT m.queue, m.channel INTO v_message
+    FROM @extschema@.dq_messages AS m
+    WHERE m.id = @extschema@.dq__token_id(dq_extend.lock_token)
+        AND m.lock_token = dq_extend.lock_token;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    v_max := (
+        SELECT g.max_concurrency FROM @extschema@.dq_groups AS g
+        WHERE g.queue = v_message.queue AND g.channel = v_message.channel
+    );
+    IF v_max IS NOT NULL THEN
+        SELECT g.max_concurrency INTO v_max
+        FROM @extschema@.dq_groups AS g
+        WHERE g.queue = v_message.queue AND g.channel = v_message.channel
+        FOR NO KEY UPDATE;
+        v_now := @extschema@.dq_now();
+    END IF;
+    UPDATE @extschema@.dq_messages AS m
+    SET due_at = v_now + lease
+    WHERE m.id = @extschema@.dq__token_id(dq_extend.lock_token)
+        AND m.lock_token = dq_extend.lock_token
+        AND (
+            v_max IS NULL OR m.due_at > v_now
+            OR @extschema@.dq__leases_held(m.queue, m.channel, v_now, v_max) < v_max
+        )
     RETURNING m.due_at INTO v_until;
     RETURN v_until;
 END

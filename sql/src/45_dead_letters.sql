@@ -52,19 +52,21 @@ AS $$
         DELETE FROM @extschema@.dq_messages AS m
         WHERE m.id = ANY(dq__bury.ids)
         RETURNING m.queue, m.key, m.id, m.payload, m.state, m.scheduled_at, m.created_at, m.attempts,
-            m.lock_token IS NULL AS nacked, m.last_error
+            m.lock_token IS NULL AS nacked, m.last_error, m.channel, m.priority
     ),
 
     buried AS (
         INSERT INTO @extschema@.dq_dead_letters AS d (
-            queue, key, id, payload, state, scheduled_at, created_at, attempts, error, failed_at
+            queue, key, id, payload, state, scheduled_at, created_at, attempts, error, failed_at,
+            channel, priority
         )
         SELECT mv.queue, mv.key, mv.id, mv.payload, mv.state, mv.scheduled_at, mv.created_at, mv.attempts,
             CASE
                 WHEN dq__bury.max_attempts IS NULL THEN dq__bury.error
                 ELSE @extschema@.dq__gave_up_error(dq__bury.max_attempts, mv.nacked, mv.last_error)
             END,
-            dq__bury.failed_at
+            dq__bury.failed_at,
+            mv.channel, mv.priority
         FROM moved AS mv
         ORDER BY mv.queue, mv.key
         ON CONFLICT ON CONSTRAINT dq_dead_letters_pkey DO UPDATE
@@ -75,7 +77,9 @@ AS $$
                 created_at = excluded.created_at,
                 attempts = excluded.attempts,
                 error = excluded.error,
-                failed_at = excluded.failed_at
+                failed_at = excluded.failed_at,
+                channel = excluded.channel,
+                priority = excluded.priority
         RETURNING 1
     )
 
@@ -85,20 +89,28 @@ $$;
 -- Give up on a leased message: move it to the dead letters with error (the
 -- consumer's verdict, as given); false (nothing changed) for a stale token.
 CREATE FUNCTION dq_dead_letter(lock_token uuid, error text DEFAULT NULL) RETURNS boolean
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT @extschema@.dq__bury(
-        ARRAY(
-            SELECT m.id FROM @extschema@.dq_messages AS m
-            WHERE m.id = @extschema@.dq__token_id(dq_dead_letter.lock_token)
-                AND m.lock_token = dq_dead_letter.lock_token
-            FOR UPDATE
-        ),
-        dq_dead_letter.error,
-        @extschema@.dq_now(),
-        NULL::integer
-    ) = 1
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := @extschema@.dq_now();
+    v_message record;
+BEGIN
+    SELECT m.id, m.queue, m.channel, m.due_at INTO v_message
+    FROM @extschema@.dq_messages AS m
+    WHERE m.id = @extschema@.dq__token_id(dq_dead_letter.lock_token)
+        AND m.lock_token = dq_dead_letter.lock_token
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    PERFORM @extschema@.dq__bury(ARRAY[v_message.id], dq_dead_letter.error, v_now, NULL::integer);
+    PERFORM @extschema@.dq__leases_ended(
+        ARRAY[v_message.queue::text], ARRAY[v_message.channel::text], ARRAY[v_message.due_at], v_now
+    );
+    RETURN TRUE;
+END
 $$;
 
 -- Up to max_count of queue's dead letters, oldest failure first.
@@ -146,6 +158,8 @@ DECLARE
     v_at timestamptz := coalesce(dq_dead_redrive.scheduled_at, v_now);
     v_offered text[];
     v_count integer;
+    v_channels text[];
+    v_priorities integer[];
 BEGIN
     PERFORM @extschema@.dq__check_queue(v_queue);
     IF v_key IS NOT NULL THEN
@@ -162,8 +176,10 @@ BEGIN
     -- later key may have been offered, leased and buried again, its dead
     -- letter replaced (or purged). The next statement sets that right.
     WITH offered AS (
-        INSERT INTO @extschema@.dq_messages AS m (queue, key, payload, scheduled_at, due_at, created_at)
-        SELECT v_queue, d.key, d.payload, v_at, v_at, v_now
+        INSERT INTO @extschema@.dq_messages AS m (
+            queue, key, payload, scheduled_at, due_at, created_at, channel, priority
+        )
+        SELECT v_queue, d.key, d.payload, v_at, v_at, v_now, d.channel, d.priority
         FROM @extschema@.dq_dead_letters AS d
         WHERE d.queue = v_queue AND (v_key IS NULL OR d.key = v_key)
             AND NOT EXISTS (
@@ -193,14 +209,15 @@ BEGIN
         DELETE FROM @extschema@.dq_dead_letters AS d
         USING doomed
         WHERE d.queue = v_queue AND d.key = doomed.key
-        RETURNING d.key, d.payload
+        RETURNING d.key, d.payload, d.channel, d.priority
     ),
 
     refreshed AS (
         UPDATE @extschema@.dq_messages AS m
-        SET payload = r.payload
+        SET payload = r.payload, channel = r.channel, priority = r.priority
         FROM removed AS r
-        WHERE m.queue = v_queue AND m.key = r.key AND m.payload <> r.payload
+        WHERE m.queue = v_queue AND m.key = r.key
+            AND (m.payload <> r.payload OR m.channel <> r.channel OR m.priority <> r.priority)
     ),
 
     withdrawn AS (
@@ -209,9 +226,14 @@ BEGIN
             AND NOT EXISTS (SELECT FROM removed AS r WHERE r.key = m.key)
     )
 
-    SELECT count(*)::integer INTO v_count FROM removed;
+    SELECT count(*)::integer, array_agg(r.channel), array_agg(r.priority)
+    INTO v_count, v_channels, v_priorities
+    FROM removed AS r;
     IF v_count > 0 THEN
-        PERFORM @extschema@.dq__wake_if_head(v_queue, v_at);
+        PERFORM @extschema@.dq__offers_written(
+            v_queue, v_channels, v_priorities,
+            array_fill(v_at, ARRAY[v_count]), NULL::boolean[], v_now
+        );
     END IF;
     RETURN v_count;
 END

@@ -10,13 +10,20 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    v_now timestamptz := @extschema@.dq_now();
+    v_channel text;
+    v_due_at timestamptz;
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_cancel.queue);
     PERFORM @extschema@.dq__check_key(dq_cancel.key, 'key');
     DELETE FROM @extschema@.dq_messages AS m
-    WHERE m.queue = dq_cancel.queue AND m.key = dq_cancel.key;
-    RETURN FOUND;
+    WHERE m.queue = dq_cancel.queue AND m.key = dq_cancel.key
+    RETURNING m.channel, CASE WHEN m.lock_token IS NOT NULL THEN m.due_at END INTO v_channel, v_due_at;
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    PERFORM @extschema@.dq__leases_ended(ARRAY[dq_cancel.queue], ARRAY[v_channel], ARRAY[v_due_at], v_now);
+    RETURN TRUE;
 END
 $$;
 
@@ -30,7 +37,9 @@ CREATE FUNCTION dq_get(queue text, key text) RETURNS TABLE (
     due_at timestamptz,
     attempts integer,
     leased boolean,
-    created_at timestamptz
+    created_at timestamptz,
+    channel text,
+    priority integer
 )
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -42,10 +51,25 @@ AS $$
         m.queue::text, m.key::text, m.payload, m.state, m.scheduled_at,
         m.due_at, m.attempts,
         @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at),
-        m.created_at
+        m.created_at, nullif(m.channel, '')::text, m.priority
     FROM @extschema@.dq_messages AS m
     CROSS JOIN @extschema@.dq_now() AS n (now_at)
     WHERE m.queue = dq_get.queue AND m.key = dq_get.key;
+$$;
+
+-- True when a message (lock_token, due_at) is in condition which at now_at
+-- ('due', 'delayed', 'leased'; NULL: any). Inlines into dq_peek.
+CREATE FUNCTION dq__in_condition(
+    which text, lock_token uuid, due_at timestamptz, now_at timestamptz
+) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE which
+        WHEN 'due' THEN due_at OPERATOR(pg_catalog.<=) now_at
+        WHEN 'delayed' THEN due_at OPERATOR(pg_catalog.>) now_at AND lock_token IS NULL
+        WHEN 'leased' THEN @extschema@.dq__is_leased(lock_token, due_at, now_at)
+        ELSE TRUE
+    END
 $$;
 
 -- Browse queue without locking or changing anything: up to max_count
@@ -78,16 +102,30 @@ AS $$
         l.leased,
         CASE WHEN l.leased THEN m.due_at END,
         m.last_error
-    FROM @extschema@.dq_messages AS m
+    FROM (
+        -- the first max_count of each poll index in due order, merged
+        (
+            SELECT p.key, p.payload, p.state, p.scheduled_at, p.due_at, p.attempts, p.lock_token, p.last_error
+            FROM @extschema@.dq_messages AS p
+            CROSS JOIN @extschema@.dq_now() AS n (now_at)
+            WHERE p.queue = dq_peek.queue AND p.channel = '' AND p.priority = 0
+                AND @extschema@.dq__in_condition(dq_peek.which, p.lock_token, p.due_at, n.now_at)
+            ORDER BY p.due_at, p.key
+            LIMIT dq_peek.max_count
+        )
+        UNION ALL
+        (
+            SELECT g.key, g.payload, g.state, g.scheduled_at, g.due_at, g.attempts, g.lock_token, g.last_error
+            FROM @extschema@.dq_messages AS g
+            CROSS JOIN @extschema@.dq_now() AS n (now_at)
+            WHERE g.queue = dq_peek.queue AND (g.channel <> '' OR g.priority <> 0)
+                AND @extschema@.dq__in_condition(dq_peek.which, g.lock_token, g.due_at, n.now_at)
+            ORDER BY g.due_at, g.key
+            LIMIT dq_peek.max_count
+        )
+    ) AS m
     CROSS JOIN @extschema@.dq_now() AS n (now_at)
     CROSS JOIN LATERAL (SELECT @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)) AS l (leased)
-    WHERE m.queue = dq_peek.queue
-        AND CASE dq_peek.which
-            WHEN 'due' THEN m.due_at <= n.now_at
-            WHEN 'delayed' THEN m.due_at > n.now_at AND NOT l.leased
-            WHEN 'leased' THEN l.leased
-            ELSE TRUE
-        END
     ORDER BY m.due_at, m.key
     LIMIT dq_peek.max_count;
 $$;
@@ -114,6 +152,11 @@ BEGIN
     USING doomed AS d
     WHERE m.id = d.id;
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
+    -- slots the leases held are free: every group of the queue looks again
+    -- (and is forgotten if it has no message and no limits)
+    UPDATE @extschema@.dq_groups AS g
+    SET wake_at = NULL
+    WHERE g.queue = dq_purge.queue AND g.wake_at IS NOT NULL;
     RETURN v_deleted;
 END
 $$;
@@ -167,6 +210,7 @@ AS $$
 $$;
 
 -- The earliest due time in queue (leases by their end); NULL when empty.
+-- With channels: the earliest time a message could be eligible.
 CREATE FUNCTION dq_next_due(queue text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -174,18 +218,24 @@ SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    v_now timestamptz := @extschema@.dq_now();
+    v_first timestamptz;
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_next_due.queue);
-    -- the first entry of the queue's range in (queue, due_at, id), or the
-    -- next occurrence of one of its schedules if that comes first
-    RETURN least(
-        (
+    IF @extschema@.dq__grouped(dq_next_due.queue) THEN
+        v_first := @extschema@.dq__grouped_next_due(dq_next_due.queue, v_now, NULL);
+    ELSE
+        -- the first entry of the queue's range in (queue, due_at, id)
+        v_first := (
             SELECT m.due_at FROM @extschema@.dq_messages AS m
-            WHERE m.queue = dq_next_due.queue
+            WHERE m.queue = dq_next_due.queue AND m.channel = '' AND m.priority = 0
             ORDER BY m.due_at
             LIMIT 1
-        ),
+        );
+    END IF;
+    -- or the next occurrence of one of its schedules if that comes first
+    RETURN least(
+        v_first,
         (
             SELECT s.next_at FROM @extschema@.dq_schedules AS s
             WHERE s.queue = dq_next_due.queue AND s.next_at < 'infinity'
