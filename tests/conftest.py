@@ -83,12 +83,17 @@ def conn(database: str) -> Iterator[psycopg.Connection[Any]]:
 
 @pytest.fixture
 def queue_name(request: pytest.FixtureRequest, database: str) -> Iterator[str]:
-    """A queue name of this test's own, purged before and after."""
+    """A queue name of this test's own, purged (channels too) before and after."""
     name = re.sub(r"\W+", "_", request.node.name)[-90:]
     with psycopg.connect(database, autocommit=True) as c:
-        c.execute("SELECT dq_purge(%s)", (name,))
+
+        def forget() -> None:
+            c.execute("SELECT dq_purge(%s)", (name,))
+            c.execute("DELETE FROM dq_groups WHERE queue = %s", (name,))
+
+        forget()
         yield name
-        c.execute("SELECT dq_purge(%s)", (name,))
+        forget()
 
 
 @pytest.fixture

@@ -114,7 +114,7 @@ def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def _emit(data: Any, as_json: bool, human: Callable[[], None]) -> None:
     """Print data as JSON, or call human() for people."""
     if as_json:
-        click.echo(json.dumps(_plain(data), default=str))
+        click.echo(json.dumps(_plain(data), default=_json_default))
     else:
         human()
 
@@ -124,6 +124,11 @@ def _emit_done(done: bool, word: str, missing: str, as_json: bool) -> None:
     _emit({word: done}, as_json, lambda: click.echo(word if done else missing))
     if not done:
         sys.exit(NothingThere.exit_code)
+
+
+def _json_default(value: Any) -> Any:
+    """What JSON has no type for: durations in seconds, anything else as text."""
+    return value.total_seconds() if isinstance(value, timedelta) else str(value)
 
 
 def _plain(value: Any) -> Any:
@@ -140,11 +145,14 @@ def _plain(value: Any) -> Any:
 
 
 def _cell(value: Any) -> str:
-    """A value as one table cell: None is empty, times ISO 8601 to the second."""
+    """A value as one table cell: None is empty, times ISO 8601 to the second,
+    durations in seconds."""
     if value is None:
         return ""
     if isinstance(value, datetime):
         return value.isoformat(timespec="seconds")
+    if isinstance(value, timedelta):
+        return f"{value.total_seconds():g} s"
     return str(value)
 
 

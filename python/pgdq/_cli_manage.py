@@ -1,4 +1,4 @@
-"""`pgdq peek`, `cancel`, `purge`, `stats`, `dead-letters …` and `schedules …`."""
+"""`pgdq peek`, `cancel`, `purge`, `stats`, `channels …`, `dead-letters …` and `schedules …`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from ._cli_base import (
     _when,
     common_options,
 )
+from .model import ChannelInfo
 
 # --- looking and managing --------------------------------------------------------------
 
@@ -97,23 +98,94 @@ def purge(dsn: str | None, schema: str, as_json: bool, queue: str, yes: bool) ->
 @common_options
 @click.argument("queue", required=False)
 def stats(dsn: str | None, schema: str, as_json: bool, queue: str | None) -> None:
-    """Ready, delayed and leased counts per queue (or of QUEUE)."""
+    """Ready, delayed and leased counts per queue (of QUEUE, with its channels)."""
     with _client(dsn, schema) as client:
         found = client.stats(queue)
+    channels = []
+    if queue is not None:
+        with _queue(dsn, schema, queue) as q:
+            channels = q.channels()
     now = datetime.now(UTC)
 
     def age(at: datetime | None) -> str:
         return "" if at is None else f"{(now - at).total_seconds():,.1f} s"
 
-    _emit(
-        found,
-        as_json,
-        lambda: _table(
+    def human() -> None:
+        _table(
             "pgdq queues",
             ["queue", "ready", "delayed", "leased", "oldest ready", "next due"],
             [[r.queue, r.ready, r.delayed, r.leased, age(r.oldest_ready_at), r.next_due_at] for r in found],
-        ),
+        )
+        if channels:
+            _channel_table(queue or "", channels)
+
+    _emit(found, as_json, human)  # --json keeps its shape: `pgdq channels QUEUE --json` has the channels
+
+
+# --- channels ------------------------------------------------------------------------
+
+
+def _channel_table(queue: str, found: list[ChannelInfo]) -> None:
+    """A queue's channels: limits, counts, last lease."""
+    _table(
+        f"{queue}: {len(found)} channels",
+        ["channel", "max_concurrency", "min_interval", "ready", "delayed", "leased", "last leased"],
+        [[c.channel, c.max_concurrency, c.min_interval, c.ready, c.delayed, c.leased, c.last_leased_at] for c in found],
     )
+
+
+@click.command()
+@common_options
+@click.argument("queue")
+def channels(dsn: str | None, schema: str, as_json: bool, queue: str) -> None:
+    """QUEUE's channels with messages or limits: limits, ready, delayed,
+    leased, last lease (`pgdq channel set|remove` changes the limits)."""
+    with _queue(dsn, schema, queue) as q:
+        found = q.channels()
+    _emit(found, as_json, lambda: _channel_table(queue, found))
+
+
+@click.group()
+def channel() -> None:
+    """Set or remove a channel's limits. A poll shares its queue fairly
+    between channels and holds each to its limits (`pgdq channels QUEUE`
+    lists them)."""
+
+
+@channel.command("set")
+@common_options
+@click.argument("queue")
+@click.argument("channel")
+@click.option("--max-concurrency", type=click.IntRange(min=1), help="at most this many leased at once")
+@click.option("--min-interval", type=click.FloatRange(min=0), help="seconds between two of its leases")
+def channels_set(
+    dsn: str | None,
+    schema: str,
+    as_json: bool,
+    queue: str,
+    channel: str,
+    max_concurrency: int | None,
+    min_interval: float | None,
+) -> None:
+    """Set the limits of CHANNEL of QUEUE, replacing earlier ones (no option: none)."""
+    with _queue(dsn, schema, queue) as q:
+        q.set_channel(channel, max_concurrency=max_concurrency, min_interval=min_interval)
+    _emit(
+        {"queue": queue, "channel": channel, "max_concurrency": max_concurrency, "min_interval": min_interval},
+        as_json,
+        lambda: click.echo(f"{queue}/{channel}: max_concurrency {max_concurrency}, min_interval {min_interval} s"),
+    )
+
+
+@channel.command("remove")
+@common_options
+@click.argument("queue")
+@click.argument("channel")
+def channels_remove(dsn: str | None, schema: str, as_json: bool, queue: str, channel: str) -> None:
+    """Drop the limits of CHANNEL of QUEUE (its messages stay); exit 4 if it had none."""
+    with _queue(dsn, schema, queue) as q:
+        done = q.remove_channel(channel)
+    _emit_done(done, "removed", f"channel {channel} of {queue} has no limits", as_json)
 
 
 # --- dead letters ----------------------------------------------------------------------

@@ -7,8 +7,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import timedelta
 
 import click
 import psycopg
@@ -31,10 +30,9 @@ from ._cli_base import (
 )
 from ._sync_queue import Queue
 from .errors import PgdqError
+from .model import Message
 
 # --- producing ----------------------------------------------------------------------
-
-Row = tuple[str, Any, datetime | None]
 
 
 @click.command()
@@ -45,7 +43,13 @@ Row = tuple[str, Any, datetime | None]
 @click.option("--at", "at_text", help="due time, ISO 8601 with a zone (default: now)")
 @click.option("--in", "in_seconds", type=float, help="due in this many seconds")
 @click.option("--no-update", is_flag=True, help="leave an existing message of the key as it is")
-@click.option("--jsonl", is_flag=True, help='read {"key", "payload"[, "scheduled_at"]} lines from stdin')
+@click.option("--channel", default=None, help="the message's channel (see `pgdq channels`)")
+@click.option("--priority", default=0, show_default=True, type=int, help="higher first within its channel")
+@click.option(
+    "--jsonl",
+    is_flag=True,
+    help='read {"key", "payload"[, "scheduled_at", "channel", "priority"]} lines from stdin',
+)
 @click.option("--batch", default=1000, show_default=True, type=click.IntRange(1, 100_000), help="with --jsonl")
 @click.option("--atomic", is_flag=True, help="with --jsonl: one transaction, all lines or none")
 def offer(
@@ -58,6 +62,8 @@ def offer(
     at_text: str | None,
     in_seconds: float | None,
     no_update: bool,
+    channel: str | None,
+    priority: int,
     jsonl: bool,
     batch: int,
     atomic: bool,
@@ -68,8 +74,10 @@ def offer(
     batches before it stay and the error says how many went in. With
     --atomic the whole import is one transaction: all or nothing."""
     if jsonl:
-        if key is not None or at_text is not None or in_seconds is not None:
-            raise click.UsageError("--jsonl reads the messages from stdin: give no KEY, PAYLOAD, --at or --in")
+        if key is not None or at_text is not None or in_seconds is not None or channel is not None or priority:
+            raise click.UsageError(
+                "--jsonl reads the messages from stdin: give no KEY, PAYLOAD, --at, --in, --channel or --priority"
+            )
         counts = _offer_lines(dsn, schema, queue, not no_update, batch, atomic)
         _emit(counts, as_json, lambda: click.echo(", ".join(f"{n} {k}" for k, n in counts.items())))
         return
@@ -79,7 +87,9 @@ def offer(
         raise click.UsageError("give KEY and PAYLOAD, or --jsonl")
     value = _json_argument(payload, "PAYLOAD")
     with _queue(dsn, schema, queue) as q:
-        outcome = q.offer(key, value, _when(at_text, in_seconds), can_update=not no_update)
+        outcome = q.offer(
+            key, value, _when(at_text, in_seconds), can_update=not no_update, channel=channel, priority=priority
+        )
     _emit({"key": key, "outcome": outcome.value}, as_json, lambda: click.echo(outcome.value))
 
 
@@ -92,7 +102,7 @@ def _offer_lines(
     with _database(dsn, schema) as conn, _progress(queue) as advance:
         q = Queue(queue, conn, schema=schema)
         with conn.transaction() if atomic else nullcontext():
-            chunk: list[Row] = []
+            chunk: list[Message] = []
             first = last = 0  # the lines of the first and last message not yet written
             for number, line in enumerate(sys.stdin, 1):
                 if not line.strip():
@@ -114,24 +124,29 @@ def _offer_lines(
     return counts
 
 
-def _message(line: str) -> Row:
-    """One JSON Lines message: key, payload and optional aware scheduled_at."""
+def _message(line: str) -> Message:
+    """One JSON Lines message: key, payload, optional aware scheduled_at, channel and priority."""
     try:
         item = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"not JSON: {e}") from e
     if not isinstance(item, dict) or "key" not in item or "payload" not in item:
-        raise ValueError('expected an object {"key", "payload"[, "scheduled_at"]}')
+        raise ValueError('expected an object {"key", "payload"[, "scheduled_at", "channel", "priority"]}')
     key, at = item["key"], item.get("scheduled_at")
+    channel, priority = item.get("channel"), item.get("priority", 0)
     if not isinstance(key, str):
         raise ValueError(f"key must be a string, got {json.dumps(key)}")
     if at is not None and not isinstance(at, str):
         raise ValueError(f"scheduled_at must be an ISO 8601 string, got {json.dumps(at)}")
-    return key, item["payload"], None if at is None else _parse_time(at)
+    if channel is not None and not isinstance(channel, str):
+        raise ValueError(f"channel must be a string, got {json.dumps(channel)}")
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"priority must be an integer, got {json.dumps(priority)}")
+    return Message(key, item["payload"], None if at is None else _parse_time(at), channel, priority)
 
 
 def _offer_chunk(
-    q: Queue, chunk: list[Row], lines: tuple[int, int], can_update: bool, counts: dict[str, int], atomic: bool
+    q: Queue, chunk: list[Message], lines: tuple[int, int], can_update: bool, counts: dict[str, int], atomic: bool
 ) -> None:
     """Offer one batch (lines first to last) and count its outcomes; a refused batch stops the import."""
     try:
@@ -200,6 +215,8 @@ def poll(dsn: str | None, schema: str, as_json: bool, queue: str, max_count: int
             "key": d.key,
             "attempts": d.attempts,
             "lease_until": d.lease_until,
+            "channel": d.channel,
+            "priority": d.priority,
             "payload": d.raw_payload,
         }
         for d in got

@@ -1,8 +1,9 @@
 """The `pgdq` command.
 
 Installing: install, upgrade, uninstall, version. Messages: offer (one, or
-JSON Lines), peek, poll, ack, nack, cancel, purge, stats. dead-letters
-list|redrive|purge; schedules list|set|remove (kept by the database); worker.
+JSON Lines), peek, poll, ack, nack, cancel, purge, stats, channels. channel
+set|remove; dead-letters list|redrive|purge; schedules list|set|remove
+(kept by the database); worker.
 
 Every command takes --dsn (else PGDQ_DSN, DATABASE_URL or the PG* variables),
 --schema (else PGDQ_SCHEMA, else public) and --json (machine-readable output;
@@ -16,7 +17,7 @@ server's, or no connection), 2 bad usage (bad arguments, an argument pgdq
 refuses, a malformed --dsn or an unusable --schema), 3 pgdq not installed in
 the schema (any command that needs it), 4 nothing there to act on: some lock
 tokens were stale (ack, nack), no message of the key (cancel), no schedule
-of the name (schedules remove).
+of the name (schedules remove), no limits on the channel (channel remove).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import click
 
 from . import __version__
-from ._cli_manage import cancel, dead_letters, peek, purge, schedules, stats
+from ._cli_manage import cancel, channel, channels, dead_letters, peek, purge, schedules, stats
 from ._cli_messages import ack, nack, offer, poll
 from ._cli_setup import install, uninstall, upgrade, version, worker
 
@@ -41,6 +42,6 @@ def main() -> None:
     """
 
 
-COMMANDS = (install, upgrade, uninstall, version, worker, offer, poll, ack, nack, peek, cancel, purge, stats)
-for command in (*COMMANDS, dead_letters, schedules):
+COMMANDS = (install, upgrade, uninstall, version, worker, offer, poll, ack, nack, peek, cancel, purge, stats, channels)
+for command in (*COMMANDS, channel, dead_letters, schedules):
     main.add_command(command)
