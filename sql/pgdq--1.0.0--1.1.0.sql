@@ -875,6 +875,7 @@ DECLARE
     v_stored_ats timestamptz[];
     v_stored_channels text[];
     v_stored_priorities integer[];
+    v_first_at timestamptz;  -- the earliest due time written
     -- what was written: channel, priority, due time, whether it was an update
     v_channels text[] := '{}';
     v_priorities integer[] := '{}';
@@ -944,10 +945,10 @@ BEGIN
     )
 
     SELECT
-        coalesce(array_agg(i.key), '{}'), coalesce(array_agg(i.channel), '{}'),
-        coalesce(array_agg(i.priority), '{}'), coalesce(array_agg(i.due_at), '{}'),
-        coalesce(array_agg(FALSE), '{}')
-    INTO v_new, v_channels, v_priorities, v_dues, v_updated
+        coalesce(array_agg(i.key), '{}'), min(i.due_at),
+        coalesce(array_agg(i.channel), '{}'), coalesce(array_agg(i.priority), '{}'),
+        coalesce(array_agg(i.due_at), '{}'), coalesce(array_agg(FALSE), '{}')
+    INTO v_new, v_first_at, v_channels, v_priorities, v_dues, v_updated
     FROM inserted AS i;
 
     IF cardinality(v_new) < cardinality(v_keys) THEN
@@ -988,15 +989,18 @@ BEGIN
         )
 
         SELECT
+            least(v_first_at, min(u.due_at)),
             v_channels || coalesce(array_agg(u.channel), '{}'),
             v_priorities || coalesce(array_agg(u.priority), '{}'),
             v_dues || coalesce(array_agg(u.due_at), '{}'),
             v_updated || coalesce(array_agg(TRUE), '{}')
-        INTO v_channels, v_priorities, v_dues, v_updated
+        INTO v_first_at, v_channels, v_priorities, v_dues, v_updated
         FROM updated AS u;
     END IF;
 
-    IF cardinality(v_dues) > 0 THEN
+    IF cardinality(v_dues) > 0 AND channels IS NULL AND priorities IS NULL THEN
+        PERFORM @extschema@.dq__wake_if_head(v_queue, v_first_at);  -- plain messages only
+    ELSIF cardinality(v_dues) > 0 THEN
         PERFORM @extschema@.dq__offers_written(v_queue, v_channels, v_priorities, v_dues, v_updated, v_now);
     END IF;
 
@@ -1033,6 +1037,7 @@ DECLARE
     v_rows tid[];            -- the picked rows to lease, locked by this poll
     v_max_attempts integer;  -- dq_configure; NULL: no limit
     v_spent bigint[];        -- picked, but already delivered max_attempts times
+    v_grouped boolean;       -- the queue has groups (42_groups.sql)
 BEGIN
     IF NOT @extschema@.dq__valid_queue(v_queue)
         OR max_count IS NULL
@@ -1049,8 +1054,12 @@ BEGIN
     IF EXISTS (SELECT FROM @extschema@.dq_schedules AS s WHERE s.queue = v_queue AND s.next_at <= v_now) THEN
         PERFORM @extschema@.dq__materialise(v_queue, v_now);
     END IF;
-    v_max_attempts := (SELECT q.max_attempts FROM @extschema@.dq_queues AS q WHERE q.queue = v_queue);
-    IF @extschema@.dq__grouped(v_queue) THEN
+    -- one statement: its setting, and whether it has channels or priorities
+    SELECT
+        (SELECT q.max_attempts FROM @extschema@.dq_queues AS q WHERE q.queue = v_queue),
+        EXISTS (SELECT FROM @extschema@.dq_groups AS g WHERE g.queue = v_queue AND g.channel = '')
+    INTO v_max_attempts, v_grouped;
+    IF v_grouped THEN
         RETURN QUERY SELECT * FROM @extschema@.dq__poll_grouped(v_queue, max_count, lease, v_now, v_max_attempts);
         RETURN;
     END IF;

@@ -63,6 +63,29 @@ def test_outcomes_and_an_idempotent_rerun(spark: Any, database: str, queue_name:
         assert q.stats().delayed == 2500
 
 
+def test_channel_and_priority_columns(spark: Any, database: str, queue_name: str) -> None:
+    df = (
+        users(spark, 300)
+        .withColumn(
+            "tenant", F.when(F.col("id") % 3 == 0, F.lit(None)).otherwise(F.concat(F.lit("t"), F.col("id") % 3))
+        )
+        .withColumn("urgency", F.when(F.col("id") % 2 == 0, F.lit(None)).otherwise(F.col("id") % 5))
+    )
+    summary = offer_dataframe(df, database, queue_name, scheduled_at="send_at", channel="tenant", priority="urgency")
+    assert summary.created == 300
+    with Queue(queue_name, database) as q:
+        for user in (42, 43, 44):
+            info = q.get(f"user-{user}")
+            assert info is not None
+            assert (info.channel, info.priority) == (
+                None if user % 3 == 0 else f"t{user % 3}",
+                0 if user % 2 == 0 else user % 5,
+            ), "a null channel is none, a null priority 0"
+        assert {c.channel: c.delayed for c in q.channels()} == {"t1": 100, "t2": 100}
+    again = offer_dataframe(df, database, queue_name, scheduled_at="send_at", channel="tenant", priority="urgency")
+    assert again.ignored == 300, "a re-run changes nothing"
+
+
 def test_a_task_that_fails_mid_partition_is_retried(spark: Any, database: str, queue_name: str) -> None:
     @F.udf("string")
     def fail_once(key: str) -> str:

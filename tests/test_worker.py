@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import ROOT
-from pgdq import AsyncDelivery, Queue
+from pgdq import AsyncDelivery, Message, Queue
 from pgdq.worker import Backoff, Retry, Route, Worker, handler, lease_lost, without_password
 
 NOW = datetime(2020, 1, 1, tzinfo=UTC)  # offered in the past: due at once
@@ -95,6 +95,40 @@ def test_delayed_message_is_handled_on_time(database: str, queue_name: str) -> N
         q.offer("soon", 1, datetime.now(UTC) + timedelta(seconds=1))
         wait_for(lambda: late, "the delayed message")
     assert 0 <= late[0] < 0.5, "woken at its due time, not by a fixed poll interval"
+
+
+def test_a_rate_limited_channel_is_worked_at_its_pace(database: str, queue_name: str) -> None:
+    """The database holds the channel to its min_interval; the idle worker
+    sleeps until the next message may go (dq_next_due), not a poll interval."""
+    handled: list[float] = []
+
+    def handler(d: AsyncDelivery) -> None:
+        handled.append(time.monotonic())
+
+    with Queue(queue_name, database) as q:
+        q.set_channel("partner", min_interval=0.4)
+        q.offer_many([Message(f"k{i}", i, channel="partner") for i in range(4)])
+        with running(Worker(queue_name, handler, dsn=database, concurrency=4)):
+            wait_for(lambda: len(handled) == 4, "four deliveries")
+    gaps = [b - a for a, b in zip(handled, handled[1:], strict=False)]
+    assert all(0.35 <= gap < 0.6 for gap in gaps), f"one every 0.4 s, each on time: {gaps}"
+
+
+def test_an_ack_that_frees_a_slot_wakes_the_idle_worker(database: str, queue_name: str) -> None:
+    """max_concurrency 1: the message behind a long lease (held here, by hand)
+    goes as soon as that lease is acked: the ack notifies dq_wakeup."""
+    handled: list[float] = []
+    with Queue(queue_name, database) as q:
+        q.set_channel("ordered", max_concurrency=1)
+        q.offer_many([Message("first", 1, channel="ordered"), Message("second", 2, channel="ordered")])
+        (held,) = q.poll_many(2, timedelta(minutes=10))
+        with running(Worker(queue_name, lambda d: handled.append(time.monotonic()), dsn=database)):
+            time.sleep(0.5)  # idle: the channel's slot is taken for ten minutes
+            assert handled == []
+            acked_at = time.monotonic()
+            held.ack()
+            wait_for(lambda: handled, "the second message")
+    assert handled[0] - acked_at < 0.5, "woken by the ack, not at the end of the lease"
 
 
 def test_failures_back_off_then_dead_letter(

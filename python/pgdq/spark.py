@@ -26,6 +26,7 @@ import psycopg
 from . import _statements as st
 from ._sync_queue import Queue
 from .errors import InvalidArgument, PgdqError, translate
+from .model import Message
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -72,10 +73,13 @@ def offer_dataframe(
     can_update: bool = True,
     batch_size: int = 10_000,
     *,
+    channel: str | None = None,
+    priority: str | None = None,
     schema: str | None = None,
 ) -> OfferSummary:
     """Offer every row of df: key column, payload column (struct, map or array
-    become JSON; a string must hold JSON), optional timestamp column."""
+    become JSON; a string must hold JSON), optional timestamp, channel
+    (string; null: none) and priority (integer; null: 0) columns."""
     from pyspark.sql import functions as F  # noqa: N812 - PySpark's own idiom
     from pyspark.sql.types import StringType
 
@@ -84,7 +88,9 @@ def offer_dataframe(
     payload_type = df.schema[payload].dataType
     body = F.col(payload) if isinstance(payload_type, StringType) else F.to_json(F.col(payload))
     micros = F.unix_micros(F.col(scheduled_at)) if scheduled_at else F.lit(None).cast("long")
-    rows = df.select(F.col(key).cast("string"), body, micros)
+    group = F.col(channel).cast("string") if channel else F.lit(None).cast("string")
+    level = F.col(priority).cast("int") if priority else F.lit(None).cast("int")
+    rows = df.select(F.col(key).cast("string"), body, micros, group, level)
     offer = partial(_offer_partition, conninfo, queue, schema, can_update, batch_size, (key, payload))
     totals = rows.rdd.mapPartitions(offer).collect()
     return sum((OfferSummary(*t) for t in totals), OfferSummary())
@@ -115,12 +121,13 @@ def _offer_partition(
     yield counts["created"], counts["updated"], counts["ignored"]
 
 
-def _message(row: Any, columns: tuple[str, str]) -> tuple[str, str, datetime | None]:
-    key, body, micros = row
+def _message(row: Any, columns: tuple[str, str]) -> Message:
+    key, body, micros, channel, priority = row
     if key is None or body is None:
         column = columns[0] if key is None else columns[1]
         raise BadRow(f"offer_dataframe: column {column!r} is null in row {_sample(row, columns)}")
-    return key, body, None if micros is None else EPOCH + timedelta(microseconds=micros)
+    at = None if micros is None else EPOCH + timedelta(microseconds=micros)
+    return Message(key, body, at, channel, priority or 0)
 
 
 def _not_json(chunk: list[Any], columns: tuple[str, str]) -> BadRow:

@@ -409,6 +409,7 @@ DECLARE
     v_stored_ats timestamptz[];
     v_stored_channels text[];
     v_stored_priorities integer[];
+    v_first_at timestamptz;  -- the earliest due time written
     -- what was written: channel, priority, due time, whether it was an update
     v_channels text[] := '{}';
     v_priorities integer[] := '{}';
@@ -478,10 +479,10 @@ BEGIN
     )
 
     SELECT
-        coalesce(array_agg(i.key), '{}'), coalesce(array_agg(i.channel), '{}'),
-        coalesce(array_agg(i.priority), '{}'), coalesce(array_agg(i.due_at), '{}'),
-        coalesce(array_agg(FALSE), '{}')
-    INTO v_new, v_channels, v_priorities, v_dues, v_updated
+        coalesce(array_agg(i.key), '{}'), min(i.due_at),
+        coalesce(array_agg(i.channel), '{}'), coalesce(array_agg(i.priority), '{}'),
+        coalesce(array_agg(i.due_at), '{}'), coalesce(array_agg(FALSE), '{}')
+    INTO v_new, v_first_at, v_channels, v_priorities, v_dues, v_updated
     FROM inserted AS i;
 
     IF cardinality(v_new) < cardinality(v_keys) THEN
@@ -522,15 +523,18 @@ BEGIN
         )
 
         SELECT
+            least(v_first_at, min(u.due_at)),
             v_channels || coalesce(array_agg(u.channel), '{}'),
             v_priorities || coalesce(array_agg(u.priority), '{}'),
             v_dues || coalesce(array_agg(u.due_at), '{}'),
             v_updated || coalesce(array_agg(TRUE), '{}')
-        INTO v_channels, v_priorities, v_dues, v_updated
+        INTO v_first_at, v_channels, v_priorities, v_dues, v_updated
         FROM updated AS u;
     END IF;
 
-    IF cardinality(v_dues) > 0 THEN
+    IF cardinality(v_dues) > 0 AND channels IS NULL AND priorities IS NULL THEN
+        PERFORM @extschema@.dq__wake_if_head(v_queue, v_first_at);  -- plain messages only
+    ELSIF cardinality(v_dues) > 0 THEN
         PERFORM @extschema@.dq__offers_written(v_queue, v_channels, v_priorities, v_dues, v_updated, v_now);
     END IF;
 

@@ -18,6 +18,7 @@ DECLARE
     v_rows tid[];            -- the picked rows to lease, locked by this poll
     v_max_attempts integer;  -- dq_configure; NULL: no limit
     v_spent bigint[];        -- picked, but already delivered max_attempts times
+    v_grouped boolean;       -- the queue has groups (42_groups.sql)
 BEGIN
     IF NOT @extschema@.dq__valid_queue(v_queue)
         OR max_count IS NULL
@@ -34,8 +35,12 @@ BEGIN
     IF EXISTS (SELECT FROM @extschema@.dq_schedules AS s WHERE s.queue = v_queue AND s.next_at <= v_now) THEN
         PERFORM @extschema@.dq__materialise(v_queue, v_now);
     END IF;
-    v_max_attempts := (SELECT q.max_attempts FROM @extschema@.dq_queues AS q WHERE q.queue = v_queue);
-    IF @extschema@.dq__grouped(v_queue) THEN
+    -- one statement: its setting, and whether it has channels or priorities
+    SELECT
+        (SELECT q.max_attempts FROM @extschema@.dq_queues AS q WHERE q.queue = v_queue),
+        EXISTS (SELECT FROM @extschema@.dq_groups AS g WHERE g.queue = v_queue AND g.channel = '')
+    INTO v_max_attempts, v_grouped;
+    IF v_grouped THEN
         RETURN QUERY SELECT * FROM @extschema@.dq__poll_grouped(v_queue, max_count, lease, v_now, v_max_attempts);
         RETURN;
     END IF;
