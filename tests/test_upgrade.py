@@ -223,6 +223,23 @@ def test_a_live_database_upgrades_with_everything_in_it(scratch: str, kind: str)
         ], "channels work in the upgraded database"
 
 
+def test_this_client_works_against_the_released_sql(scratch: str) -> None:
+    """docs/upgrading.md: upgrade the SQL first or together, but a 1.1 client
+    keeps working against 1.0.0 SQL for everything 1.0.0 had."""
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        install_released(conn, "extension")
+        q = pgdq.Queue("old", conn)
+        assert q.offer("a", {"n": 1}) is pgdq.OfferOutcome.CREATED
+        assert [r.outcome for r in q.offer_many([("b", 2), ("a", {"n": 1})])] == ["created", "ignored"]
+        got = q.poll_many(10)
+        assert [(d.key, d.channel, d.priority) for d in got] == [("a", None, 0), ("b", None, 0)]
+        info = q.get("a")
+        assert info is not None and (info.channel, info.priority) == (None, 0)
+        assert q.ack_many([d.lock_token for d in got]) == 2 and q.next_due() is None
+        with pytest.raises(psycopg.errors.UndefinedFunction):
+            q.offer("c", 3, channel="needs-1.1")
+
+
 # -- the command ---------------------------------------------------------------
 
 

@@ -272,21 +272,8 @@ class AsyncQueue(_AsyncBase):
     def _delivery(self, row: tuple[Any, ...]) -> AsyncDelivery:
         """A delivery built straight from a dq_delivery row (positionally: its
         fields are in the row's order); a payload the codec rejects becomes its decode_error."""
-        (
-            id_,
-            queue,
-            key,
-            payload,
-            state,
-            scheduled_at,
-            created_at,
-            attempts,
-            redelivery,
-            token,
-            until,
-            channel,
-            level,
-        ) = row
+        id_, queue, key, payload, state, scheduled_at, created_at, attempts, redelivery, token, until = row[:11]
+        channel, level = row[11:] or (None, 0)  # 1.0.0 SQL has neither
         return AsyncDelivery(
             id_,
             queue,
@@ -322,16 +309,10 @@ class AsyncQueue(_AsyncBase):
         groups it (the queue shares its polls fairly between channels and holds
         each to its limits: set_channel); priority orders it within its group,
         highest first."""
-        params = (
-            self.name,
-            key,
-            self.codec.dumps(payload),
-            st.aware(scheduled_at, "scheduled_at"),
-            can_update,
-            channel,
-            st.priority(priority),
-        )
-        return OfferOutcome(await self._value("offer", params, conn))
+        params = (self.name, key, self.codec.dumps(payload), st.aware(scheduled_at, "scheduled_at"), can_update)
+        if channel is None and not st.priority(priority):
+            return OfferOutcome(await self._value("offer", params, conn))
+        return OfferOutcome(await self._value("offer_grouped", (*params, channel, priority), conn))
 
     async def offer_many(
         self,
@@ -343,9 +324,11 @@ class AsyncQueue(_AsyncBase):
         """Offer a batch (dq_offer_many): one result per element, in order.
         Elements are Messages or tuples (key, payload[, scheduled_at[, channel[, priority]]])."""
         batch = st.split_messages(messages)
-        payloads = dumps_array(self.codec, batch.payloads)
-        params = (self.name, batch.keys, payloads, batch.times, can_update, batch.channels, batch.priorities)
-        rows = await self._rows("offer_many", params, conn)
+        params = (self.name, batch.keys, dumps_array(self.codec, batch.payloads), batch.times, can_update)
+        if batch.channels is None and batch.priorities is None:
+            rows = await self._rows("offer_many", params, conn)
+        else:
+            rows = await self._rows("offer_many_grouped", (*params, batch.channels, batch.priorities), conn)
         return [OfferResult(key, _OUTCOMES[outcome]) for key, (outcome,) in zip(batch.keys, rows, strict=True)]
 
     # consuming

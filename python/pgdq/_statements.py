@@ -24,8 +24,12 @@ _PAYLOAD_ARRAY = (
 
 # method name -> statement; {fn} is replaced by the (schema-qualified) function
 _TEMPLATES: dict[str, str] = {
-    "offer": "SELECT {fn}(%s, %s, %s::jsonb, %s, %s, %s, %s)",
-    "offer_many": "SELECT o.outcome FROM {fn}(%s, %s::text[], "
+    # plain offers call the 1.0 signatures, so this client works against 1.0.0 SQL
+    "offer": "SELECT {fn}(%s, %s, %s::jsonb, %s, %s)",
+    "offer_many": "SELECT o.outcome FROM {fn}(%s, %s::text[], " + _PAYLOAD_ARRAY + ", %s::timestamptz[], %s) AS o",
+    # with a channel or a priority (1.1)
+    "offer_grouped": "SELECT {fn}(%s, %s, %s::jsonb, %s, %s, %s, %s)",
+    "offer_many_grouped": "SELECT o.outcome FROM {fn}(%s, %s::text[], "
     + _PAYLOAD_ARRAY
     + ", %s::timestamptz[], %s, %s::text[], %s::integer[]) AS o",
     "poll": "SELECT * FROM {fn}(%s, %s)",
@@ -72,7 +76,7 @@ def statements(schema: str | None) -> dict[str, bytes]:
     """Every statement, rendered once per schema, calling dq_<method> in schema (or on search_path)."""
     rendered = {}
     for method, template in _TEMPLATES.items():
-        name = sql.Identifier(f"dq_{method}")
+        name = sql.Identifier(f"dq_{method.removesuffix('_grouped')}")
         fn = sql.SQL(".").join([sql.Identifier(schema), name]) if schema else name
         rendered[method] = sql.SQL(template).format(fn=fn).as_bytes(None)
     return rendered
