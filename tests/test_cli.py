@@ -93,6 +93,66 @@ def test_poll_ack_and_stats(database: str, queue_name: str) -> None:
     assert everything.exit_code == 0 and queue_name[:10] in everything.output
 
 
+def test_channels(database: str, queue_name: str) -> None:
+    assert (
+        pgdq(
+            database, "channel", "set", queue_name, "acme", "--max-concurrency", "2", "--min-interval", "0.5"
+        ).exit_code
+        == 0
+    )
+    offered = pgdq(database, "offer", queue_name, "k1", "1", "--channel", "acme", "--priority", "3")
+    assert offered.exit_code == 0 and offered.output.strip() == "created"
+    lines = [
+        json.dumps({"key": "k2", "payload": 2, "channel": "beta", "priority": -1}),
+        json.dumps({"key": "k3", "payload": 3}),
+    ]
+    assert (
+        as_json(pgdq(database, "offer", "--json", "--jsonl", queue_name, stdin="\n".join(lines) + "\n"))["created"] == 2
+    )
+    bad = pgdq(
+        database,
+        "offer",
+        "--jsonl",
+        queue_name,
+        stdin=json.dumps({"key": "k4", "payload": 1, "priority": "high"}) + "\n",
+    )
+    assert bad.exit_code == 1 and "priority must be an integer" in bad.output
+    assert as_json(pgdq(database, "channels", "--json", queue_name)) == [
+        {
+            "channel": "acme",
+            "max_concurrency": 2,
+            "min_interval": 0.5,
+            "ready": 1,
+            "delayed": 0,
+            "leased": 0,
+            "last_leased_at": None,
+        },
+        {
+            "channel": "beta",
+            "max_concurrency": None,
+            "min_interval": None,
+            "ready": 1,
+            "delayed": 0,
+            "leased": 0,
+            "last_leased_at": None,
+        },
+    ]
+    leased = as_json(pgdq(database, "poll", "--json", queue_name, "--max", "5"))
+    assert [(d["key"], d["channel"], d["priority"]) for d in leased] == [
+        ("k1", "acme", 3),
+        ("k3", None, 0),  # due with k2 (one batch): the unchanneled group wins the tie
+        ("k2", "beta", -1),
+    ]
+    table = pgdq(database, "stats", queue_name)
+    assert table.exit_code == 0 and "acme\t2\t0.5 s\t0\t0\t1\t" in table.output, "stats QUEUE lists its channels"
+    removed = pgdq(database, "channel", "remove", queue_name, "acme")
+    assert removed.exit_code == 0 and removed.output.strip() == "removed"
+    again = pgdq(database, "channel", "remove", queue_name, "acme")
+    assert again.exit_code == 4 and "has no limits" in again.output
+    refused = pgdq(database, "channel", "set", queue_name, "x" * 101, "--max-concurrency", "1")
+    assert "channel must be 1 to 100 characters" in one_line_error(refused, 2)
+
+
 def test_dead_letters(database: str, queue_name: str) -> None:
     with Queue(queue_name, database) as q:
         q.offer_many([("a", 1), ("b", 2)])
@@ -121,7 +181,7 @@ def test_offer_json_lines_says_what_a_bad_line_left_behind(database: str, queue_
     )
     broken = pgdq(database, "offer", "--jsonl", "--batch", "2", queue_name, stdin=lines)
     assert one_line_error(broken, 1) == (
-        'Error: line 7: expected an object {"key", "payload"[, "scheduled_at"]}; 4 messages before it were'
+        'Error: line 7: expected an object {"key", "payload"[, "scheduled_at", "channel", "priority"]}; 4 messages before it were'
         " offered and stay (3 created, 1 updated); nothing from line 5 on\n"
     )
     with Queue(queue_name, database) as q:
@@ -351,6 +411,9 @@ NEEDS_PGDQ = [
     ["schedules", "list"],
     ["schedules", "set", "q", "s", "* * * * *"],
     ["schedules", "remove", "q", "s"],
+    ["channels", "q"],
+    ["channel", "set", "q", "c", "--max-concurrency", "1"],
+    ["channel", "remove", "q", "c"],
     ["dead-letters", "list", "q"],
     ["dead-letters", "redrive", "q"],
     ["dead-letters", "purge", "q", "--yes"],
