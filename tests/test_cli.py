@@ -181,8 +181,8 @@ def test_offer_json_lines_says_what_a_bad_line_left_behind(database: str, queue_
     )
     broken = pgdq(database, "offer", "--jsonl", "--batch", "2", queue_name, stdin=lines)
     assert one_line_error(broken, 1) == (
-        'Error: line 7: expected an object {"key", "payload"[, "scheduled_at", "channel", "priority"]}; 4 messages before it were'
-        " offered and stay (3 created, 1 updated); nothing from line 5 on\n"
+        'Error: line 7: expected an object {"key", "payload"[, "scheduled_at", "channel", "priority"]};'
+        " 4 messages before it were offered and stay (3 created, 1 updated); nothing from line 5 on\n"
     )
     with Queue(queue_name, database) as q:
         assert [(m.key, m.payload) for m in q.peek()] == [("k1", 1), ("k2", 2), ("k3", 3), ("k4", 4)]
