@@ -26,30 +26,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import common
 import psycopg
+from channels import w8_channels
+from common import fresh_db, n, server_ms
 from pgdq import AsyncDelivery, Queue, Worker
-from psycopg import sql
 from rich.console import Console
 from systems import QUEUE, SYSTEMS, System, lateness_times
 
 ROOT = Path(__file__).resolve().parent.parent
 console = Console(stderr=True)
-SCALE = 1.0  # --quick shrinks every count
-
-
-def n(count: int) -> int:
-    return max(1, int(count * SCALE))
-
-
-def fresh_db(system: System) -> str:
-    """A new database for system, set up; its conninfo."""
-    name = "bench_" + "".join(ch if ch.isalnum() else "_" for ch in system.name.lower())
-    with psycopg.connect("dbname=postgres", autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    conninfo = psycopg.conninfo.make_conninfo(dbname=name)
-    system.setup(conninfo)
-    return conninfo
 
 
 def _client(target: Callable[..., Any], args: tuple[Any, ...], barrier: Any, out: Any) -> None:
@@ -224,19 +210,6 @@ def _lateness_summary(lateness_ms: list[float]) -> dict[str, float]:
     }
 
 
-def server_ms(conn: psycopg.Connection[Any], statement: str, calls: int) -> tuple[float, float]:
-    """Median and p99 server execution time (EXPLAIN ANALYZE) of a statement."""
-    times = []
-    for _ in range(calls):
-        # rolled back, so the due set stays the same for every call
-        with conn.transaction(force_rollback=True):
-            plan = conn.execute("EXPLAIN (ANALYZE, TIMING OFF, FORMAT JSON) " + statement).fetchone()
-        assert plan is not None
-        times.append(plan[0][0]["Execution Time"])
-    times.sort()
-    return statistics.median(times), times[int(len(times) * 0.99) - 1]
-
-
 def w5_depth(system: System) -> dict[str, float]:
     """W5 (pgdq): server time of dq_poll, dq_poll_many(100), dq_next_due with
     10,000 and 1,000,000 future messages, with 1,000 due and with none."""
@@ -319,7 +292,7 @@ def w6_soak(system: System) -> dict[str, float]:
     if system.name != "pgdq":
         return {}
     fresh = fresh_db(system)
-    seconds, window = 300 * SCALE, 30 * SCALE
+    seconds, window = 300 * common.SCALE, 30 * common.SCALE
     ctx = mp.get_context("fork")
     stop, acked = ctx.Event(), ctx.Value("q", 0)
     procs = [ctx.Process(target=_soak_producer, args=(fresh, 2000, seconds, stop))]
@@ -393,6 +366,7 @@ WORKLOADS = {
     "W5": w5_depth,
     "W6": w6_soak,
     "W7": w7_spark,
+    "W8": w8_channels,
 }
 
 
@@ -400,14 +374,13 @@ REPEATED = ("W1", "W2", "W3")  # short throughput runs: repeated, interleaved, m
 
 
 def main() -> int:
-    global SCALE
     parser = argparse.ArgumentParser()
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--repeat", type=int, default=3, help="runs of W1-W3 per system, interleaved (median kept)")
     parser.add_argument("--quick", action="store_true", help="a tenth of every count, one run each (smoke run)")
     args = parser.parse_args()
-    SCALE = 0.1 if args.quick else 1.0
+    common.SCALE = 0.1 if args.quick else 1.0
     names = [name for name in args.systems.split(",") if runnable(SYSTEMS[name])]
     samples: dict[str, dict[str, list[float]]] = {name: {} for name in names}
     for w in args.workloads.split(","):
@@ -424,7 +397,7 @@ def main() -> int:
     out = ROOT / "bench/results"
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    record = {"at": stamp, "scale": SCALE, "repeat": args.repeat, "results": results, "samples": samples}
+    record = {"at": stamp, "scale": common.SCALE, "repeat": args.repeat, "results": results, "samples": samples}
     (out / f"{stamp}.json").write_text(json.dumps(record, indent=2))
     console.print(f"wrote bench/results/{stamp}.json")
     return 0

@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg
 from pgdq import AsyncQueue, install
-from pgdq._script import released_install_script
+from pgdq._script import plain_sql, released_install_script
 from psycopg.types.json import Jsonb
 
 QUEUE = "bench"
@@ -179,6 +179,20 @@ class PgdqReleased(Pgdq):
     def setup(self, conninfo: str) -> None:
         with psycopg.connect(conninfo, autocommit=True) as conn, conn.transaction():
             conn.execute(released_install_script("1.0.0").encode())
+
+
+BEFORE_CHANNELS = Path(__file__).resolve().parent / "baselines/pgdq-1.1-before-channels.sql"
+
+
+class PgdqBeforeChannels(Pgdq):
+    """pgdq 1.1 as it was just before channels and priority (a frozen copy of
+    its SQL), through today's wrapper: what channels cost a plain queue."""
+
+    name = "pgdq before channels"
+
+    def setup(self, conninfo: str) -> None:
+        with psycopg.connect(conninfo, autocommit=True) as conn, conn.transaction():
+            conn.execute(plain_sql(BEFORE_CHANNELS.read_text(), "public").encode())
 
 
 class PgdqSql(System):
@@ -423,7 +437,8 @@ class Procrastinate(System):
 
 
 SYSTEMS: dict[str, System] = {
-    s.name: s for s in (RawSql(), Pgdq(), PgdqSql(), PgdqReleased(), Pgmq(), PgQueuer(), Procrastinate())
+    s.name: s
+    for s in (RawSql(), Pgdq(), PgdqSql(), PgdqBeforeChannels(), PgdqReleased(), Pgmq(), PgQueuer(), Procrastinate())
 }
 
 

@@ -572,6 +572,7 @@ BEGIN
             channel = excluded.channel,
             priority = excluded.priority
         WHERE dq_offer.can_update
+            AND m.channel = excluded.channel  -- a move to another channel: below
             AND NOT @extschema@.dq__same_offer(
                 m.payload, m.scheduled_at, m.channel, m.priority,
                 excluded.payload, dq_offer.scheduled_at, excluded.channel, excluded.priority
@@ -579,6 +580,19 @@ BEGIN
     RETURNING m.xmax = 0 INTO v_inserted;  -- xmax is 0 on a fresh insert
 
     IF NOT FOUND THEN
+        -- The message moves to another channel (the row is locked by now):
+        -- dq_offer_many's replay also frees the slot it held in the old one.
+        IF dq_offer.can_update AND EXISTS (
+            SELECT FROM @extschema@.dq_messages AS m
+            WHERE m.queue = dq_offer.queue AND m.key = dq_offer.key AND m.channel <> v_channel
+        ) THEN
+            RETURN (
+                SELECT o.outcome FROM @extschema@.dq_offer_many(
+                    dq_offer.queue, ARRAY[dq_offer.key], ARRAY[dq_offer.payload], ARRAY[dq_offer.scheduled_at],
+                    TRUE, ARRAY[dq_offer.channel], ARRAY[v_priority]
+                ) AS o
+            );
+        END IF;
         RETURN 'ignored';
     END IF;
     IF v_channel = '' AND v_priority = 0 THEN
@@ -808,9 +822,10 @@ END
 $$;
 
 -- After a batch of offers wrote messages into queue (for each: channel,
--- priority, due time, and whether it updated one that existed): tell the
--- groups of those with a channel or a priority (dq__groups_touch) and wake
--- idle consumers when one of them comes first.
+-- priority, due time, and whether it updated one that existed; a NULL due
+-- time: a lease the batch dropped in that channel): tell the groups of those
+-- with a channel or a priority (dq__groups_touch) and wake idle consumers
+-- when one of them comes first.
 CREATE OR REPLACE FUNCTION dq__offers_written(
     queue text,
     channels text[],
@@ -836,14 +851,15 @@ BEGIN
         array_agg(e.d) FILTER (WHERE coalesce(e.c, '') <> '' OR coalesce(e.pr, 0) <> 0),
         array_agg(coalesce(e.u, FALSE)) FILTER (WHERE coalesce(e.c, '') <> '' OR coalesce(e.pr, 0) <> 0)
     INTO v_plain_first, v_grouped_first, v_channels, v_dues, v_updated
-    FROM unnest(channels, priorities, dues, updated) AS e (c, pr, d, u)
-    WHERE e.d IS NOT NULL;
+    FROM unnest(channels, priorities, dues, updated) AS e (c, pr, d, u);
     IF v_plain_first IS NOT NULL THEN
         PERFORM @extschema@.dq__wake_if_head(queue, v_plain_first);
     END IF;
-    IF v_grouped_first IS NOT NULL THEN
+    IF v_channels IS NOT NULL THEN
         -- an update drops any lease: its slot may be free
         PERFORM @extschema@.dq__groups_touch(queue, v_channels, v_dues, v_updated, now_at);
+    END IF;
+    IF v_grouped_first IS NOT NULL THEN
         PERFORM @extschema@.dq__wake_if_first(queue, v_grouped_first, now_at);
     END IF;
 END
@@ -875,6 +891,7 @@ DECLARE
     v_stored_ats timestamptz[];
     v_stored_channels text[];
     v_stored_priorities integer[];
+    v_stored_leased boolean[];   -- held by a valid lease
     v_first_at timestamptz;  -- the earliest due time written
     -- what was written: channel, priority, due time, whether it was an update
     v_channels text[] := '{}';
@@ -958,8 +975,10 @@ BEGIN
             array_agg(m.payload),
             array_agg(m.scheduled_at),
             array_agg(m.channel),
-            array_agg(m.priority)
-        INTO v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities
+            array_agg(m.priority),
+            array_agg(@extschema@.dq__is_leased(m.lock_token, m.due_at, v_now))
+        INTO v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities,
+            v_stored_leased
         FROM @extschema@.dq_messages AS m
         INNER JOIN unnest(v_keys) AS p (k) ON m.key = p.k
         WHERE m.queue = v_queue
@@ -985,20 +1004,32 @@ BEGIN
             ) AS c
             WHERE c.is_last AND c.had_stored AND c.key_written
                 AND m.queue = v_queue AND m.key = c.elem_key
-            RETURNING m.due_at, m.channel, m.priority
+            RETURNING m.key, m.due_at, m.channel, m.priority
+        ),
+
+        -- what was written, and the leases the updates dropped in other
+        -- channels (their slots are free: a NULL due time)
+        written AS (
+            SELECT u.channel AS c, u.priority AS pr, u.due_at AS d FROM updated AS u
+            UNION ALL
+            SELECT s.c, 0, NULL
+            FROM unnest(v_stored_keys, v_stored_channels, v_stored_leased) AS s (k, c, leased)
+            INNER JOIN updated AS u ON u.key = s.k
+            WHERE s.leased AND s.c <> u.channel
         )
 
         SELECT
-            least(v_first_at, min(u.due_at)),
-            v_channels || coalesce(array_agg(u.channel), '{}'),
-            v_priorities || coalesce(array_agg(u.priority), '{}'),
-            v_dues || coalesce(array_agg(u.due_at), '{}'),
+            least(v_first_at, min(w.d)),
+            v_channels || coalesce(array_agg(w.c), '{}'),
+            v_priorities || coalesce(array_agg(w.pr), '{}'),
+            v_dues || coalesce(array_agg(w.d), '{}'),
             v_updated || coalesce(array_agg(TRUE), '{}')
         INTO v_first_at, v_channels, v_priorities, v_dues, v_updated
-        FROM updated AS u;
+        FROM written AS w;
     END IF;
 
-    IF cardinality(v_dues) > 0 AND channels IS NULL AND priorities IS NULL THEN
+    IF cardinality(v_dues) > 0 AND channels IS NULL AND priorities IS NULL
+        AND NOT coalesce(TRUE = ANY(v_stored_leased), FALSE) THEN
         PERFORM @extschema@.dq__wake_if_head(v_queue, v_first_at);  -- plain messages only
     ELSIF cardinality(v_dues) > 0 THEN
         PERFORM @extschema@.dq__offers_written(v_queue, v_channels, v_priorities, v_dues, v_updated, v_now);
@@ -1150,8 +1181,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN FALSE;
     END IF;
-    IF v_channel <> '' AND v_until > v_now THEN  -- a channel's slot is free
-        PERFORM @extschema@.dq__groups_touch(v_queue, ARRAY[v_channel], '{NULL}', '{TRUE}', v_now);
+    IF v_channel <> '' AND v_until > v_now THEN  -- a channel's slot may be free
+        PERFORM @extschema@.dq__leases_ended(ARRAY[v_queue], ARRAY[v_channel], ARRAY[v_until], v_now);
     END IF;
     RETURN TRUE;
 END
@@ -1173,6 +1204,11 @@ BEGIN
         SELECT e.q AS queue, array_agg(e.c) AS channels
         FROM unnest(queues, channels, dues) AS e (q, c, d)
         WHERE e.c <> '' AND e.d > now_at
+            -- only a channel with max_concurrency has slots to free
+            AND EXISTS (
+                SELECT FROM @extschema@.dq_groups AS g
+                WHERE g.queue = e.q AND g.channel = e.c AND g.max_concurrency IS NOT NULL
+            )
         GROUP BY e.q
         ORDER BY e.q
     LOOP
@@ -1366,6 +1402,13 @@ BEGIN
     RETURN v_until;
 END
 $$;
+
+-- "Never", for dq_groups' times: the last instant a Python datetime (and
+-- most clients) can read, where 'infinity' cannot be. A lower bound there
+-- stays one: nothing is due before it that it could hide.
+CREATE OR REPLACE FUNCTION dq__never() RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT '9999-12-31 23:59:59+00'::pg_catalog.timestamptz $$;
 
 -- True when queue has groups: it uses channels or priorities.
 CREATE OR REPLACE FUNCTION dq__grouped(queue text) RETURNS boolean
@@ -1615,7 +1658,7 @@ BEGIN
         WHERE g.queue = dq__group_rest.queue AND g.channel = dq__group_rest.channel;
     ELSIF coalesce(v_next > now_at, TRUE) THEN
         UPDATE @extschema@.dq_groups AS g
-        SET wake_at = coalesce(v_next, 'infinity'),
+        SET wake_at = coalesce(v_next, @extschema@.dq__never()),
             first_due = coalesce(@extschema@.dq__group_first_due(queue, channel), g.first_due)
         WHERE g.queue = dq__group_rest.queue AND g.channel = dq__group_rest.channel;
     END IF;
@@ -1861,6 +1904,8 @@ DECLARE
     v_got integer;
     v_round integer[] := '{}';
     v_turns regclass;        -- dq_turns
+    v_turned text[];         -- the groups taken from, in the order of their last message
+    v_turn_values bigint[];
     i integer;
 BEGIN
     -- groups whose wake time has come are looked at again
@@ -1941,14 +1986,53 @@ BEGIN
             );
         END IF;
         IF coalesce(v_room > 0, TRUE) THEN
-            FOR v_head IN
-                SELECT * FROM @extschema@.dq__group_next(v_queue, v_group.channel, now_at, 1, max_attempts)
-            LOOP
-                EXIT WHEN NOT v_head.spent;
-                v_spent := v_spent || v_head.id;
-            END LOOP;
-            IF v_head.spent THEN
+            -- The channel's next message, in one statement: one probe per
+            -- priority level it uses (the hot path of a poll; dq__group_next
+            -- is the same, step by step, for what this cannot do).
+            WITH RECURSIVE levels (p) AS (
+                (
+                    SELECT m.priority FROM @extschema@.dq_messages AS m
+                    WHERE m.queue = v_queue AND m.channel = v_group.channel AND m.channel <> ''
+                    ORDER BY m.priority DESC
+                    LIMIT 1
+                )
+                UNION ALL
+                SELECT (
+                    SELECT m.priority FROM @extschema@.dq_messages AS m
+                    WHERE m.queue = v_queue AND m.channel = v_group.channel AND m.channel <> ''
+                        AND m.priority < l.p
+                    ORDER BY m.priority DESC
+                    LIMIT 1
+                )
+                FROM levels AS l
+                WHERE l.p IS NOT NULL
+            )
+
+            SELECT h.row_at, h.id, h.priority, h.due_at, coalesce(h.attempts >= max_attempts, FALSE) AS spent
+            INTO v_head
+            FROM levels AS l
+            CROSS JOIN LATERAL (
+                SELECT m.ctid AS row_at, m.id, m.priority, m.due_at, m.attempts
+                FROM @extschema@.dq_messages AS m
+                WHERE m.queue = v_queue AND m.channel = v_group.channel AND m.channel <> ''
+                    AND m.priority = l.p AND m.due_at <= now_at
+                ORDER BY m.due_at, m.id
+                LIMIT 1
+                FOR UPDATE SKIP LOCKED
+            ) AS h
+            WHERE l.p IS NOT NULL
+            LIMIT 1;
+            IF v_head.spent THEN  -- already delivered max_attempts times: bury, take the next
                 v_head := NULL;
+                FOR v_head IN
+                    SELECT * FROM @extschema@.dq__group_next(v_queue, v_group.channel, now_at, 1, max_attempts)
+                LOOP
+                    EXIT WHEN NOT v_head.spent;
+                    v_spent := v_spent || v_head.id;
+                END LOOP;
+                IF v_head.spent THEN
+                    v_head := NULL;
+                END IF;
             END IF;
         END IF;
 
@@ -2051,22 +2135,20 @@ BEGIN
 
     -- Each group taken from becomes the most recent in the order of its
     -- last message here; one with a min_interval sleeps it out.
+    v_turned := ARRAY(
+        SELECT e.grp FROM unnest(v_groups) WITH ORDINALITY AS e (grp, ord)
+        GROUP BY e.grp
+        ORDER BY max(e.ord)
+    );
     v_turns := (SELECT sq.tableoid FROM @extschema@.dq_turns AS sq);
-    WITH turns AS (
-        SELECT lt.grp, pg_catalog.nextval(v_turns) AS turn
-        FROM (
-            SELECT e.grp FROM unnest(v_groups) WITH ORDINALITY AS e (grp, ord)
-            GROUP BY e.grp
-            ORDER BY max(e.ord)
-        ) AS lt
-    )
-
+    -- ascending, one per group, in that order (generate_series gives them in order)
+    v_turn_values := ARRAY(SELECT pg_catalog.nextval(v_turns) FROM generate_series(1, cardinality(v_turned)));
     UPDATE @extschema@.dq_groups AS g
-    SET turn = turns.turn,
+    SET turn = t.turn,
         last_leased_at = now_at,
         wake_at = now_at + g.min_interval
-    FROM turns
-    WHERE g.queue = v_queue AND g.channel = turns.grp;
+    FROM unnest(v_turned, v_turn_values) AS t (grp, turn)
+    WHERE g.queue = v_queue AND g.channel = ANY(v_turned) AND g.channel = t.grp;
 
     -- The rows stay locked by this transaction, so their addresses (ctid)
     -- still find them.
@@ -2112,12 +2194,14 @@ BEGIN
         RETURN v_best;
     END IF;
     FOR v_group IN
-        SELECT g.channel, g.max_concurrency, g.min_interval, g.last_leased_at, g.wake_at
+        -- awake, or whose wake time has passed: read as they are now
+        SELECT g.channel, g.max_concurrency, g.min_interval, g.last_leased_at, NULL AS wake_at
         FROM @extschema@.dq_groups AS g
         WHERE g.queue = dq__grouped_next_due.queue AND g.channel <> '' AND g.wake_at IS NULL
         UNION ALL
         (
-            SELECT g.channel, g.max_concurrency, g.min_interval, g.last_leased_at, g.wake_at
+            SELECT g.channel, g.max_concurrency, g.min_interval, g.last_leased_at,
+                CASE WHEN g.wake_at > now_at THEN g.wake_at END
             FROM @extschema@.dq_groups AS g
             WHERE g.queue = dq__grouped_next_due.queue AND g.wake_at IS NOT NULL
             ORDER BY g.wake_at
@@ -2688,13 +2772,14 @@ BEGIN
             ERRCODE = '22023',
             MESSAGE = format('pgdq: min_interval must not be negative, got %s', dq_channel_set.min_interval);
     END IF;
-    -- the unchanneled group's row marks the queue as one with channels
+    -- the unchanneled group's row marks the queue as one with channels; a
+    -- channel without messages has no next due time (offers lower it)
     INSERT INTO @extschema@.dq_groups AS g (queue, channel, max_concurrency, min_interval, first_due)
     VALUES
         (dq_channel_set.queue, '', NULL, NULL, v_now),
         (
             dq_channel_set.queue, dq_channel_set.channel, dq_channel_set.max_concurrency,
-            nullif(dq_channel_set.min_interval, '0'), v_now
+            nullif(dq_channel_set.min_interval, '0'), @extschema@.dq__never()
         )
     ON CONFLICT ON CONSTRAINT dq_groups_pkey DO UPDATE
         SET max_concurrency = excluded.max_concurrency,

@@ -133,7 +133,8 @@ class Model:
             if min_interval is not None and last is not None:
                 at = max(at, last + min_interval)
             if max_concurrency is not None and self.held(channel) >= max_concurrency:
-                at = max(at, min(m.due for m in self.messages.values() if m.channel == channel and m.token))
+                valid = [m.due for m in self.messages.values() if m.channel == channel and m.token and m.due > self.now]
+                at = max(at, min(valid))  # the first of the valid leases to end
             times.append(at)
         return min(times, default=None)
 

@@ -106,6 +106,7 @@ BEGIN
             channel = excluded.channel,
             priority = excluded.priority
         WHERE dq_offer.can_update
+            AND m.channel = excluded.channel  -- a move to another channel: below
             AND NOT @extschema@.dq__same_offer(
                 m.payload, m.scheduled_at, m.channel, m.priority,
                 excluded.payload, dq_offer.scheduled_at, excluded.channel, excluded.priority
@@ -113,6 +114,19 @@ BEGIN
     RETURNING m.xmax = 0 INTO v_inserted;  -- xmax is 0 on a fresh insert
 
     IF NOT FOUND THEN
+        -- The message moves to another channel (the row is locked by now):
+        -- dq_offer_many's replay also frees the slot it held in the old one.
+        IF dq_offer.can_update AND EXISTS (
+            SELECT FROM @extschema@.dq_messages AS m
+            WHERE m.queue = dq_offer.queue AND m.key = dq_offer.key AND m.channel <> v_channel
+        ) THEN
+            RETURN (
+                SELECT o.outcome FROM @extschema@.dq_offer_many(
+                    dq_offer.queue, ARRAY[dq_offer.key], ARRAY[dq_offer.payload], ARRAY[dq_offer.scheduled_at],
+                    TRUE, ARRAY[dq_offer.channel], ARRAY[v_priority]
+                ) AS o
+            );
+        END IF;
         RETURN 'ignored';
     END IF;
     IF v_channel = '' AND v_priority = 0 THEN
@@ -342,9 +356,10 @@ END
 $$;
 
 -- After a batch of offers wrote messages into queue (for each: channel,
--- priority, due time, and whether it updated one that existed): tell the
--- groups of those with a channel or a priority (dq__groups_touch) and wake
--- idle consumers when one of them comes first.
+-- priority, due time, and whether it updated one that existed; a NULL due
+-- time: a lease the batch dropped in that channel): tell the groups of those
+-- with a channel or a priority (dq__groups_touch) and wake idle consumers
+-- when one of them comes first.
 CREATE FUNCTION dq__offers_written(
     queue text,
     channels text[],
@@ -370,14 +385,15 @@ BEGIN
         array_agg(e.d) FILTER (WHERE coalesce(e.c, '') <> '' OR coalesce(e.pr, 0) <> 0),
         array_agg(coalesce(e.u, FALSE)) FILTER (WHERE coalesce(e.c, '') <> '' OR coalesce(e.pr, 0) <> 0)
     INTO v_plain_first, v_grouped_first, v_channels, v_dues, v_updated
-    FROM unnest(channels, priorities, dues, updated) AS e (c, pr, d, u)
-    WHERE e.d IS NOT NULL;
+    FROM unnest(channels, priorities, dues, updated) AS e (c, pr, d, u);
     IF v_plain_first IS NOT NULL THEN
         PERFORM @extschema@.dq__wake_if_head(queue, v_plain_first);
     END IF;
-    IF v_grouped_first IS NOT NULL THEN
+    IF v_channels IS NOT NULL THEN
         -- an update drops any lease: its slot may be free
         PERFORM @extschema@.dq__groups_touch(queue, v_channels, v_dues, v_updated, now_at);
+    END IF;
+    IF v_grouped_first IS NOT NULL THEN
         PERFORM @extschema@.dq__wake_if_first(queue, v_grouped_first, now_at);
     END IF;
 END
@@ -409,6 +425,7 @@ DECLARE
     v_stored_ats timestamptz[];
     v_stored_channels text[];
     v_stored_priorities integer[];
+    v_stored_leased boolean[];   -- held by a valid lease
     v_first_at timestamptz;  -- the earliest due time written
     -- what was written: channel, priority, due time, whether it was an update
     v_channels text[] := '{}';
@@ -492,8 +509,10 @@ BEGIN
             array_agg(m.payload),
             array_agg(m.scheduled_at),
             array_agg(m.channel),
-            array_agg(m.priority)
-        INTO v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities
+            array_agg(m.priority),
+            array_agg(@extschema@.dq__is_leased(m.lock_token, m.due_at, v_now))
+        INTO v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities,
+            v_stored_leased
         FROM @extschema@.dq_messages AS m
         INNER JOIN unnest(v_keys) AS p (k) ON m.key = p.k
         WHERE m.queue = v_queue
@@ -519,20 +538,32 @@ BEGIN
             ) AS c
             WHERE c.is_last AND c.had_stored AND c.key_written
                 AND m.queue = v_queue AND m.key = c.elem_key
-            RETURNING m.due_at, m.channel, m.priority
+            RETURNING m.key, m.due_at, m.channel, m.priority
+        ),
+
+        -- what was written, and the leases the updates dropped in other
+        -- channels (their slots are free: a NULL due time)
+        written AS (
+            SELECT u.channel AS c, u.priority AS pr, u.due_at AS d FROM updated AS u
+            UNION ALL
+            SELECT s.c, 0, NULL
+            FROM unnest(v_stored_keys, v_stored_channels, v_stored_leased) AS s (k, c, leased)
+            INNER JOIN updated AS u ON u.key = s.k
+            WHERE s.leased AND s.c <> u.channel
         )
 
         SELECT
-            least(v_first_at, min(u.due_at)),
-            v_channels || coalesce(array_agg(u.channel), '{}'),
-            v_priorities || coalesce(array_agg(u.priority), '{}'),
-            v_dues || coalesce(array_agg(u.due_at), '{}'),
+            least(v_first_at, min(w.d)),
+            v_channels || coalesce(array_agg(w.c), '{}'),
+            v_priorities || coalesce(array_agg(w.pr), '{}'),
+            v_dues || coalesce(array_agg(w.d), '{}'),
             v_updated || coalesce(array_agg(TRUE), '{}')
         INTO v_first_at, v_channels, v_priorities, v_dues, v_updated
-        FROM updated AS u;
+        FROM written AS w;
     END IF;
 
-    IF cardinality(v_dues) > 0 AND channels IS NULL AND priorities IS NULL THEN
+    IF cardinality(v_dues) > 0 AND channels IS NULL AND priorities IS NULL
+        AND NOT coalesce(TRUE = ANY(v_stored_leased), FALSE) THEN
         PERFORM @extschema@.dq__wake_if_head(v_queue, v_first_at);  -- plain messages only
     ELSIF cardinality(v_dues) > 0 THEN
         PERFORM @extschema@.dq__offers_written(v_queue, v_channels, v_priorities, v_dues, v_updated, v_now);

@@ -131,8 +131,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN FALSE;
     END IF;
-    IF v_channel <> '' AND v_until > v_now THEN  -- a channel's slot is free
-        PERFORM @extschema@.dq__groups_touch(v_queue, ARRAY[v_channel], '{NULL}', '{TRUE}', v_now);
+    IF v_channel <> '' AND v_until > v_now THEN  -- a channel's slot may be free
+        PERFORM @extschema@.dq__leases_ended(ARRAY[v_queue], ARRAY[v_channel], ARRAY[v_until], v_now);
     END IF;
     RETURN TRUE;
 END
@@ -154,6 +154,11 @@ BEGIN
         SELECT e.q AS queue, array_agg(e.c) AS channels
         FROM unnest(queues, channels, dues) AS e (q, c, d)
         WHERE e.c <> '' AND e.d > now_at
+            -- only a channel with max_concurrency has slots to free
+            AND EXISTS (
+                SELECT FROM @extschema@.dq_groups AS g
+                WHERE g.queue = e.q AND g.channel = e.c AND g.max_concurrency IS NOT NULL
+            )
         GROUP BY e.q
         ORDER BY e.q
     LOOP

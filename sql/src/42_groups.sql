@@ -27,6 +27,13 @@
 -- reading the messages after taking that lock. Lock order: messages before
 -- groups, groups by channel; polls never wait (SKIP LOCKED).
 
+-- "Never", for dq_groups' times: the last instant a Python datetime (and
+-- most clients) can read, where 'infinity' cannot be. A lower bound there
+-- stays one: nothing is due before it that it could hide.
+CREATE FUNCTION dq__never() RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT '9999-12-31 23:59:59+00'::pg_catalog.timestamptz $$;
+
 -- True when queue has groups: it uses channels or priorities.
 CREATE FUNCTION dq__grouped(queue text) RETURNS boolean
 LANGUAGE sql STABLE
@@ -275,7 +282,7 @@ BEGIN
         WHERE g.queue = dq__group_rest.queue AND g.channel = dq__group_rest.channel;
     ELSIF coalesce(v_next > now_at, TRUE) THEN
         UPDATE @extschema@.dq_groups AS g
-        SET wake_at = coalesce(v_next, 'infinity'),
+        SET wake_at = coalesce(v_next, @extschema@.dq__never()),
             first_due = coalesce(@extschema@.dq__group_first_due(queue, channel), g.first_due)
         WHERE g.queue = dq__group_rest.queue AND g.channel = dq__group_rest.channel;
     END IF;
@@ -521,6 +528,8 @@ DECLARE
     v_got integer;
     v_round integer[] := '{}';
     v_turns regclass;        -- dq_turns
+    v_turned text[];         -- the groups taken from, in the order of their last message
+    v_turn_values bigint[];
     i integer;
 BEGIN
     -- groups whose wake time has come are looked at again
@@ -601,14 +610,53 @@ BEGIN
             );
         END IF;
         IF coalesce(v_room > 0, TRUE) THEN
-            FOR v_head IN
-                SELECT * FROM @extschema@.dq__group_next(v_queue, v_group.channel, now_at, 1, max_attempts)
-            LOOP
-                EXIT WHEN NOT v_head.spent;
-                v_spent := v_spent || v_head.id;
-            END LOOP;
-            IF v_head.spent THEN
+            -- The channel's next message, in one statement: one probe per
+            -- priority level it uses (the hot path of a poll; dq__group_next
+            -- is the same, step by step, for what this cannot do).
+            WITH RECURSIVE levels (p) AS (
+                (
+                    SELECT m.priority FROM @extschema@.dq_messages AS m
+                    WHERE m.queue = v_queue AND m.channel = v_group.channel AND m.channel <> ''
+                    ORDER BY m.priority DESC
+                    LIMIT 1
+                )
+                UNION ALL
+                SELECT (
+                    SELECT m.priority FROM @extschema@.dq_messages AS m
+                    WHERE m.queue = v_queue AND m.channel = v_group.channel AND m.channel <> ''
+                        AND m.priority < l.p
+                    ORDER BY m.priority DESC
+                    LIMIT 1
+                )
+                FROM levels AS l
+                WHERE l.p IS NOT NULL
+            )
+
+            SELECT h.row_at, h.id, h.priority, h.due_at, coalesce(h.attempts >= max_attempts, FALSE) AS spent
+            INTO v_head
+            FROM levels AS l
+            CROSS JOIN LATERAL (
+                SELECT m.ctid AS row_at, m.id, m.priority, m.due_at, m.attempts
+                FROM @extschema@.dq_messages AS m
+                WHERE m.queue = v_queue AND m.channel = v_group.channel AND m.channel <> ''
+                    AND m.priority = l.p AND m.due_at <= now_at
+                ORDER BY m.due_at, m.id
+                LIMIT 1
+                FOR UPDATE SKIP LOCKED
+            ) AS h
+            WHERE l.p IS NOT NULL
+            LIMIT 1;
+            IF v_head.spent THEN  -- already delivered max_attempts times: bury, take the next
                 v_head := NULL;
+                FOR v_head IN
+                    SELECT * FROM @extschema@.dq__group_next(v_queue, v_group.channel, now_at, 1, max_attempts)
+                LOOP
+                    EXIT WHEN NOT v_head.spent;
+                    v_spent := v_spent || v_head.id;
+                END LOOP;
+                IF v_head.spent THEN
+                    v_head := NULL;
+                END IF;
             END IF;
         END IF;
 
@@ -711,22 +759,20 @@ BEGIN
 
     -- Each group taken from becomes the most recent in the order of its
     -- last message here; one with a min_interval sleeps it out.
+    v_turned := ARRAY(
+        SELECT e.grp FROM unnest(v_groups) WITH ORDINALITY AS e (grp, ord)
+        GROUP BY e.grp
+        ORDER BY max(e.ord)
+    );
     v_turns := (SELECT sq.tableoid FROM @extschema@.dq_turns AS sq);
-    WITH turns AS (
-        SELECT lt.grp, pg_catalog.nextval(v_turns) AS turn
-        FROM (
-            SELECT e.grp FROM unnest(v_groups) WITH ORDINALITY AS e (grp, ord)
-            GROUP BY e.grp
-            ORDER BY max(e.ord)
-        ) AS lt
-    )
-
+    -- ascending, one per group, in that order (generate_series gives them in order)
+    v_turn_values := ARRAY(SELECT pg_catalog.nextval(v_turns) FROM generate_series(1, cardinality(v_turned)));
     UPDATE @extschema@.dq_groups AS g
-    SET turn = turns.turn,
+    SET turn = t.turn,
         last_leased_at = now_at,
         wake_at = now_at + g.min_interval
-    FROM turns
-    WHERE g.queue = v_queue AND g.channel = turns.grp;
+    FROM unnest(v_turned, v_turn_values) AS t (grp, turn)
+    WHERE g.queue = v_queue AND g.channel = ANY(v_turned) AND g.channel = t.grp;
 
     -- The rows stay locked by this transaction, so their addresses (ctid)
     -- still find them.
@@ -772,12 +818,14 @@ BEGIN
         RETURN v_best;
     END IF;
     FOR v_group IN
-        SELECT g.channel, g.max_concurrency, g.min_interval, g.last_leased_at, g.wake_at
+        -- awake, or whose wake time has passed: read as they are now
+        SELECT g.channel, g.max_concurrency, g.min_interval, g.last_leased_at, NULL AS wake_at
         FROM @extschema@.dq_groups AS g
         WHERE g.queue = dq__grouped_next_due.queue AND g.channel <> '' AND g.wake_at IS NULL
         UNION ALL
         (
-            SELECT g.channel, g.max_concurrency, g.min_interval, g.last_leased_at, g.wake_at
+            SELECT g.channel, g.max_concurrency, g.min_interval, g.last_leased_at,
+                CASE WHEN g.wake_at > now_at THEN g.wake_at END
             FROM @extschema@.dq_groups AS g
             WHERE g.queue = dq__grouped_next_due.queue AND g.wake_at IS NOT NULL
             ORDER BY g.wake_at

@@ -29,13 +29,14 @@ BEGIN
             ERRCODE = '22023',
             MESSAGE = format('pgdq: min_interval must not be negative, got %s', dq_channel_set.min_interval);
     END IF;
-    -- the unchanneled group's row marks the queue as one with channels
+    -- the unchanneled group's row marks the queue as one with channels; a
+    -- channel without messages has no next due time (offers lower it)
     INSERT INTO @extschema@.dq_groups AS g (queue, channel, max_concurrency, min_interval, first_due)
     VALUES
         (dq_channel_set.queue, '', NULL, NULL, v_now),
         (
             dq_channel_set.queue, dq_channel_set.channel, dq_channel_set.max_concurrency,
-            nullif(dq_channel_set.min_interval, '0'), v_now
+            nullif(dq_channel_set.min_interval, '0'), @extschema@.dq__never()
         )
     ON CONFLICT ON CONSTRAINT dq_groups_pkey DO UPDATE
         SET max_concurrency = excluded.max_concurrency,
