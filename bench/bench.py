@@ -419,7 +419,7 @@ def fmt(measure: str, value: float | None) -> str:
     """A cell: milliseconds with 3 decimals, rates as whole numbers."""
     if value is None:
         return "—"
-    if measure.endswith(("/ one process",)):
+    if measure.endswith(("/ one process", " ratio")):
         return f"{value:.2f}"
     return f"{value:,.3f}" if measure.endswith((" ms", " MB")) else f"{value:,.0f}"
 

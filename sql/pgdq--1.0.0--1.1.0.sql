@@ -1410,17 +1410,6 @@ CREATE OR REPLACE FUNCTION dq__never() RETURNS timestamptz
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT '9999-12-31 23:59:59+00'::pg_catalog.timestamptz $$;
 
--- True when queue has groups: it uses channels or priorities.
-CREATE OR REPLACE FUNCTION dq__grouped(queue text) RETURNS boolean
-LANGUAGE sql STABLE
-AS $$
-    SELECT EXISTS (
-        SELECT FROM @extschema@.dq_groups AS g
-        WHERE g.queue OPERATOR(pg_catalog.=) dq__grouped.queue
-            AND g.channel OPERATOR(pg_catalog.=) ''
-    )
-$$;
-
 -- Up to max_count due messages of one priority level of a group, after
 -- position (after_due, after_id), in due order, locked; rows that others
 -- hold are skipped. Level 0 of the unchanneled group is in dq_messages_due.
@@ -1927,16 +1916,72 @@ BEGIN
     FOR NO KEY UPDATE SKIP LOCKED;
     v_plain_waiting := FOUND;
     IF v_plain_waiting THEN
-        FOR v_head IN SELECT * FROM @extschema@.dq__group_next(v_queue, '', now_at, 1, max_attempts) LOOP
-            IF v_head.spent THEN
+        -- Its next message, in one statement: its priority levels other
+        -- than 0 (in dq_messages_grouped), then level 0 (in dq_messages_due)
+        -- in its place, one probe each, highest first.
+        WITH RECURSIVE levels (p) AS (
+            (
+                SELECT m.priority FROM @extschema@.dq_messages AS m
+                WHERE m.queue = v_queue AND m.channel = '' AND m.priority <> 0
+                ORDER BY m.priority DESC
+                LIMIT 1
+            )
+            UNION ALL
+            SELECT (
+                SELECT m.priority FROM @extschema@.dq_messages AS m
+                WHERE m.queue = v_queue AND m.channel = '' AND m.priority <> 0 AND m.priority < l.p
+                ORDER BY m.priority DESC
+                LIMIT 1
+            )
+            FROM levels AS l
+            WHERE l.p IS NOT NULL
+        ),
+
+        every_level AS (
+            SELECT l.p FROM levels AS l WHERE l.p IS NOT NULL
+            UNION ALL
+            SELECT 0
+        )
+
+        SELECT
+            coalesce(hp.row_at, hg.row_at) AS row_at,
+            coalesce(hp.id, hg.id) AS id,
+            coalesce(hp.priority, hg.priority) AS priority,
+            coalesce(hp.due_at, hg.due_at) AS due_at,
+            coalesce(coalesce(hp.attempts, hg.attempts) >= max_attempts, FALSE) AS spent
+        INTO v_head
+        FROM (SELECT e.p FROM every_level AS e ORDER BY e.p DESC) AS l
+        LEFT JOIN LATERAL (
+            SELECT m.ctid AS row_at, m.id, m.priority, m.due_at, m.attempts
+            FROM @extschema@.dq_messages AS m
+            WHERE l.p = 0 AND m.queue = v_queue AND m.channel = '' AND m.priority = 0 AND m.due_at <= now_at
+            ORDER BY m.due_at, m.id
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED
+        ) AS hp ON TRUE
+        LEFT JOIN LATERAL (
+            SELECT m.ctid AS row_at, m.id, m.priority, m.due_at, m.attempts
+            FROM @extschema@.dq_messages AS m
+            WHERE l.p <> 0 AND m.queue = v_queue AND m.channel = '' AND m.priority = l.p
+                AND m.priority <> 0 AND m.due_at <= now_at
+            ORDER BY m.due_at, m.id
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED
+        ) AS hg ON TRUE
+        WHERE coalesce(hp.id, hg.id) IS NOT NULL
+        LIMIT 1;
+        IF v_head.spent THEN  -- already delivered max_attempts times: bury, take the next
+            FOR v_head IN SELECT * FROM @extschema@.dq__group_next(v_queue, '', now_at, 1, max_attempts) LOOP
+                EXIT WHEN NOT v_head.spent;
                 v_spent := v_spent || v_head.id;
-            ELSE
-                v_plain_row := v_head.row_at;
-                v_plain_id := v_head.id;
-                v_plain_priority := v_head.priority;
-                v_plain_due := v_head.due_at;
-            END IF;
-        END LOOP;
+            END LOOP;
+        END IF;
+        IF v_head.id IS NOT NULL AND NOT v_head.spent THEN
+            v_plain_row := v_head.row_at;
+            v_plain_id := v_head.id;
+            v_plain_priority := v_head.priority;
+            v_plain_due := v_head.due_at;
+        END IF;
         v_plain_waiting := v_plain_id IS NOT NULL;
     END IF;
 
@@ -2720,17 +2765,20 @@ DECLARE
     v_first timestamptz;
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_next_due.queue);
-    IF @extschema@.dq__grouped(dq_next_due.queue) THEN
-        v_first := @extschema@.dq__grouped_next_due(dq_next_due.queue, v_now, NULL);
-    ELSE
-        -- the first entry of the queue's range in (queue, due_at, id)
-        v_first := (
+    -- a queue with groups (42_groups.sql), else the first entry of the
+    -- queue's range in (queue, due_at, id); one statement either way
+    v_first := CASE
+        WHEN EXISTS (
+            SELECT FROM @extschema@.dq_groups AS g
+            WHERE g.queue = dq_next_due.queue AND g.channel = ''
+        ) THEN @extschema@.dq__grouped_next_due(dq_next_due.queue, v_now, NULL)
+        ELSE (
             SELECT m.due_at FROM @extschema@.dq_messages AS m
             WHERE m.queue = dq_next_due.queue AND m.channel = '' AND m.priority = 0
             ORDER BY m.due_at
             LIMIT 1
-        );
-    END IF;
+        )
+    END;
     -- or the next occurrence of one of its schedules if that comes first
     RETURN least(
         v_first,

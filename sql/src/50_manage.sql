@@ -222,17 +222,20 @@ DECLARE
     v_first timestamptz;
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_next_due.queue);
-    IF @extschema@.dq__grouped(dq_next_due.queue) THEN
-        v_first := @extschema@.dq__grouped_next_due(dq_next_due.queue, v_now, NULL);
-    ELSE
-        -- the first entry of the queue's range in (queue, due_at, id)
-        v_first := (
+    -- a queue with groups (42_groups.sql), else the first entry of the
+    -- queue's range in (queue, due_at, id); one statement either way
+    v_first := CASE
+        WHEN EXISTS (
+            SELECT FROM @extschema@.dq_groups AS g
+            WHERE g.queue = dq_next_due.queue AND g.channel = ''
+        ) THEN @extschema@.dq__grouped_next_due(dq_next_due.queue, v_now, NULL)
+        ELSE (
             SELECT m.due_at FROM @extschema@.dq_messages AS m
             WHERE m.queue = dq_next_due.queue AND m.channel = '' AND m.priority = 0
             ORDER BY m.due_at
             LIMIT 1
-        );
-    END IF;
+        )
+    END;
     -- or the next occurrence of one of its schedules if that comes first
     RETURN least(
         v_first,
