@@ -3,7 +3,7 @@
 -- call's leases, freed by expiry, ack, nack, cancel and update), removal,
 -- dq_next_due and dq_channels, with a pinned clock.
 BEGIN;
-SELECT plan(76);
+SELECT plan(77);
 SELECT set_config('dq.now', '2024-01-01 12:00:00+00', TRUE);
 
 -- the keys one poll leases, in delivery order
@@ -319,6 +319,28 @@ SELECT is(
         WHERE queue = 't_turn'
     ),
     '{""}', 'its empty channels are forgotten by the poll that found them empty'
+);
+
+-- No JIT: generic plans of the grouped statements look costly enough at a
+-- million messages that JIT compiled them on every poll (0.3-0.5 s each).
+SELECT is(
+    array(
+        SELECT p.proname::text
+        FROM pg_proc AS p
+        INNER JOIN pg_extension AS e ON p.pronamespace = e.extnamespace
+        INNER JOIN pg_language AS l ON p.prolang = l.oid
+        WHERE
+            e.extname = 'pgdq' AND l.lanname = 'plpgsql' AND 'jit=off' = any(p.proconfig)
+            AND p.proname IN (
+                'dq__heads', 'dq__group_first', 'dq__group_first_due', 'dq__group_next_eligible',
+                'dq__group_rest', 'dq__groups_touch', 'dq__poll_grouped', 'dq__grouped_next_due',
+                'dq__wake_if_first'
+            )
+        ORDER BY 1
+    ),
+    '{dq__group_first,dq__group_first_due,dq__group_next_eligible,dq__group_rest,dq__grouped_next_due,'
+    'dq__groups_touch,dq__heads,dq__poll_grouped,dq__wake_if_first}'::text[],
+    'the channel code runs without JIT'
 );
 
 SELECT * FROM finish();

@@ -1410,158 +1410,180 @@ CREATE OR REPLACE FUNCTION dq__never() RETURNS timestamptz
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT '9999-12-31 23:59:59+00'::pg_catalog.timestamptz $$;
 
--- Up to max_count due messages of one priority level of a group, after
--- position (after_due, after_id), in due order, locked; rows that others
--- hold are skipped. Level 0 of the unchanneled group is in dq_messages_due.
-CREATE OR REPLACE FUNCTION dq__level_heads(
+-- The priority levels of a group's messages from at_most down (NULL: all),
+-- highest first, one index probe each; for the unchanneled group level 0
+-- too, whose messages are in dq_messages_due. Inlined into its callers (a
+-- plain SQL function), so a caller that stops early reads no more levels.
+CREATE OR REPLACE FUNCTION dq__levels(queue text, channel text, at_most integer) RETURNS SETOF integer
+LANGUAGE sql STABLE
+AS $$
+    WITH RECURSIVE levels (p) AS (
+        SELECT greatest(
+            (
+                SELECT m.priority FROM @extschema@.dq_messages AS m
+                WHERE m.queue OPERATOR(pg_catalog.=) dq__levels.queue
+                    AND m.channel OPERATOR(pg_catalog.=) dq__levels.channel
+                    AND (m.channel OPERATOR(pg_catalog.<>) '' OR m.priority OPERATOR(pg_catalog.<>) 0)
+                    AND m.priority OPERATOR(pg_catalog.<=) coalesce(at_most, 2147483647)
+                ORDER BY m.priority DESC
+                LIMIT 1
+            ),
+            CASE WHEN dq__levels.channel OPERATOR(pg_catalog.=) '' AND coalesce(at_most, 0) OPERATOR(pg_catalog.>=) 0
+                THEN 0 END
+        )
+        UNION ALL
+        SELECT greatest(
+            (
+                SELECT m.priority FROM @extschema@.dq_messages AS m
+                WHERE m.queue OPERATOR(pg_catalog.=) dq__levels.queue
+                    AND m.channel OPERATOR(pg_catalog.=) dq__levels.channel
+                    AND (m.channel OPERATOR(pg_catalog.<>) '' OR m.priority OPERATOR(pg_catalog.<>) 0)
+                    AND m.priority OPERATOR(pg_catalog.<) l.p
+                ORDER BY m.priority DESC
+                LIMIT 1
+            ),
+            CASE WHEN dq__levels.channel OPERATOR(pg_catalog.=) '' AND l.p OPERATOR(pg_catalog.>) 0 THEN 0 END
+        )
+        FROM levels AS l
+        WHERE l.p IS NOT NULL
+    )
+
+    SELECT l.p FROM levels AS l WHERE l.p IS NOT NULL
+$$;
+
+-- Up to wants[i] due messages of group channels[i] of queue ('' the
+-- unchanneled group) in delivery order (priority, due time, id) after the
+-- position (after_priorities[i], after_dues[i], after_ids[i]; a NULL
+-- priority: from the start), locked, rows that others hold skipped; pos is
+-- i; spent: already delivered max_attempts times. One statement for all the
+-- groups, one index probe per priority level a group reaches (dq__levels):
+-- a group's future messages are never read.
+CREATE OR REPLACE FUNCTION dq__heads(
     queue text,
-    channel text,
-    level integer,
+    channels text[],
+    wants integer[],
+    after_priorities integer[],
+    after_dues timestamptz[],
+    after_ids bigint[],
     now_at timestamptz,
-    max_count integer,
-    after_due timestamptz,
-    after_id bigint
-) RETURNS TABLE (row_at tid, id bigint, priority integer, due_at timestamptz, attempts integer)
+    max_attempts integer
+) RETURNS TABLE (pos integer, row_at tid, id bigint, priority integer, due_at timestamptz, spent boolean)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 BEGIN
-    IF dq__level_heads.channel = '' AND level = 0 THEN
-        RETURN QUERY
-        SELECT m.ctid, m.id, m.priority, m.due_at, m.attempts
-        FROM @extschema@.dq_messages AS m
-        WHERE m.queue = dq__level_heads.queue AND m.channel = '' AND m.priority = 0
-            AND m.due_at <= now_at
-            AND (m.due_at, m.id) > (after_due, after_id)
-        ORDER BY m.due_at, m.id
-        LIMIT max_count
-        FOR UPDATE SKIP LOCKED;
-        RETURN;
-    END IF;
     RETURN QUERY
-    SELECT m.ctid, m.id, m.priority, m.due_at, m.attempts
-    FROM @extschema@.dq_messages AS m
-    WHERE m.queue = dq__level_heads.queue AND m.channel = dq__level_heads.channel
-        AND m.priority = level AND (m.channel <> '' OR m.priority <> 0)
-        AND m.due_at <= now_at
-        AND (m.due_at, m.id) > (after_due, after_id)
-    ORDER BY m.due_at, m.id
-    LIMIT max_count
-    FOR UPDATE SKIP LOCKED;
+    SELECT t.pos::integer, h.row_at, h.id, h.priority, h.due_at, coalesce(h.attempts >= max_attempts, FALSE)
+    FROM unnest(channels, wants, after_priorities, after_dues, after_ids)
+        WITH ORDINALITY AS t (c, want, ap, ad, ai, pos)
+    CROSS JOIN LATERAL (
+        SELECT
+            coalesce(hp.row_at, hg.row_at) AS row_at,
+            coalesce(hp.id, hg.id) AS id,
+            coalesce(hp.priority, hg.priority) AS priority,
+            coalesce(hp.due_at, hg.due_at) AS due_at,
+            coalesce(hp.attempts, hg.attempts) AS attempts
+        FROM @extschema@.dq__levels(dq__heads.queue, t.c, t.ap) AS l (p)
+        LEFT JOIN LATERAL (
+            SELECT m.ctid AS row_at, m.id, m.priority, m.due_at, m.attempts
+            FROM @extschema@.dq_messages AS m
+            WHERE t.c = '' AND l.p = 0
+                AND m.queue = dq__heads.queue AND m.channel = '' AND m.priority = 0
+                AND m.due_at <= now_at
+                AND (m.due_at, m.id) > (
+                    CASE WHEN t.ap = 0 THEN t.ad ELSE '-infinity' END, CASE WHEN t.ap = 0 THEN t.ai ELSE 0 END
+                )
+            ORDER BY m.due_at, m.id
+            LIMIT t.want
+            FOR UPDATE SKIP LOCKED
+        ) AS hp ON TRUE
+        LEFT JOIN LATERAL (
+            SELECT m.ctid AS row_at, m.id, m.priority, m.due_at, m.attempts
+            FROM @extschema@.dq_messages AS m
+            WHERE NOT (t.c = '' AND l.p = 0)
+                AND m.queue = dq__heads.queue AND m.channel = t.c AND m.priority = l.p
+                AND (m.channel <> '' OR m.priority <> 0)
+                AND m.due_at <= now_at
+                AND (m.due_at, m.id) > (
+                    CASE WHEN t.ap = l.p THEN t.ad ELSE '-infinity' END, CASE WHEN t.ap = l.p THEN t.ai ELSE 0 END
+                )
+            ORDER BY m.due_at, m.id
+            LIMIT t.want
+            FOR UPDATE SKIP LOCKED
+        ) AS hg ON TRUE
+        WHERE coalesce(hp.id, hg.id) IS NOT NULL
+        LIMIT t.want
+    ) AS h
+    ORDER BY t.pos, h.priority DESC, h.due_at, h.id;
 END
 $$;
 
--- The group's highest priority level below bound (NULL: none), counting
--- level 0 of the unchanneled group, whose messages are in dq_messages_due.
-CREATE OR REPLACE FUNCTION dq__level_below(queue text, channel text, bound bigint) RETURNS integer
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
-AS $$
-#variable_conflict use_column
-DECLARE
-    v_level integer;
-BEGIN
-    v_level := (
-        SELECT m.priority FROM @extschema@.dq_messages AS m
-        WHERE m.queue = dq__level_below.queue AND m.channel = dq__level_below.channel
-            AND (m.channel <> '' OR m.priority <> 0)
-            AND m.priority < bound
-        ORDER BY m.priority DESC
-        LIMIT 1
-    );
-    IF dq__level_below.channel = '' AND bound > 0 AND coalesce(v_level < 0, TRUE)
-        AND EXISTS (
-            SELECT FROM @extschema@.dq_messages AS m
-            WHERE m.queue = dq__level_below.queue AND m.channel = '' AND m.priority = 0
-        ) THEN
-        RETURN 0;
-    END IF;
-    RETURN v_level;
-END
-$$;
-
--- Up to max_count due messages of a group in delivery order (priority, due
--- time, id) after position (after_priority, after_due, after_id), locked;
--- rows that others hold are skipped. One probe per priority level the group
--- uses: the group's future messages are never read.
-CREATE OR REPLACE FUNCTION dq__group_heads(
+-- The first deliverable message of a group in delivery order, locked (NULL
+-- fields: none); the spent ones before it (attempts >= max_attempts) are
+-- buried on the way.
+CREATE OR REPLACE FUNCTION dq__group_first(
     queue text,
     channel text,
     now_at timestamptz,
-    max_count integer,
-    after_priority integer DEFAULT NULL,  -- NULL: from the start
-    after_due timestamptz DEFAULT '-infinity',
-    after_id bigint DEFAULT 0
-) RETURNS TABLE (row_at tid, id bigint, priority integer, due_at timestamptz, attempts integer)
+    max_attempts integer,
+    OUT row_at tid,
+    OUT id bigint,
+    OUT priority integer,
+    OUT due_at timestamptz
+)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET jit = off  -- the header
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_left integer := max_count;
-    v_bound bigint := 2147483648;  -- above every integer
-    v_level integer;
-    v_found integer;
+    v_spent boolean := TRUE;
 BEGIN
-    IF after_priority IS NOT NULL THEN
-        RETURN QUERY SELECT * FROM @extschema@.dq__level_heads(
-            queue, channel, after_priority, now_at, v_left, after_due, after_id
-        );
-        GET DIAGNOSTICS v_found = ROW_COUNT;
-        v_left := v_left - v_found;
-        v_bound := after_priority;
-    END IF;
-    WHILE v_left > 0 LOOP
-        v_level := @extschema@.dq__level_below(queue, channel, v_bound);
-        EXIT WHEN v_level IS NULL;
-        RETURN QUERY SELECT * FROM @extschema@.dq__level_heads(
-            queue, channel, v_level, now_at, v_left, '-infinity', 0
-        );
-        GET DIAGNOSTICS v_found = ROW_COUNT;
-        v_left := v_left - v_found;
-        v_bound := v_level;
+    WHILE v_spent LOOP
+        SELECT h.row_at, h.id, h.priority, h.due_at, h.spent
+        INTO row_at, id, priority, due_at, v_spent
+        FROM @extschema@.dq__heads(
+            queue, ARRAY[channel], '{1}', ARRAY[priority], ARRAY[due_at], ARRAY[id], now_at, max_attempts
+        ) AS h;
+        IF v_spent THEN
+            PERFORM @extschema@.dq__bury(ARRAY[id], NULL::text, now_at, max_attempts);
+        END IF;
     END LOOP;
 END
 $$;
 
 -- The earliest due time of a group's messages (leased ones by their
--- lease's end); NULL when it has none.
+-- lease's end); NULL when it has none. One probe per priority level.
 CREATE OR REPLACE FUNCTION dq__group_first_due(queue text, channel text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
+SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
-DECLARE
-    v_first timestamptz;
-    v_bound bigint := 2147483648;
-    v_level integer;
 BEGIN
-    LOOP
-        v_level := @extschema@.dq__level_below(queue, channel, v_bound);
-        EXIT WHEN v_level IS NULL;
-        IF dq__group_first_due.channel = '' AND v_level = 0 THEN
-            v_first := least(v_first, (
+    RETURN (
+        SELECT min(coalesce(
+            (
                 SELECT m.due_at FROM @extschema@.dq_messages AS m
-                WHERE m.queue = dq__group_first_due.queue AND m.channel = '' AND m.priority = 0
+                WHERE dq__group_first_due.channel = '' AND l.p = 0
+                    AND m.queue = dq__group_first_due.queue AND m.channel = '' AND m.priority = 0
                 ORDER BY m.due_at
                 LIMIT 1
-            ));
-        ELSE
-            v_first := least(v_first, (
+            ),
+            (
                 SELECT m.due_at FROM @extschema@.dq_messages AS m
                 WHERE m.queue = dq__group_first_due.queue AND m.channel = dq__group_first_due.channel
-                    AND m.priority = v_level AND (m.channel <> '' OR m.priority <> 0)
+                    AND m.priority = l.p AND (m.channel <> '' OR m.priority <> 0)
                 ORDER BY m.due_at
                 LIMIT 1
-            ));
-        END IF;
-        v_bound := v_level;
-    END LOOP;
-    RETURN v_first;
+            )
+        ))
+        FROM @extschema@.dq__levels(dq__group_first_due.queue, dq__group_first_due.channel, NULL) AS l (p)
+    );
 END
 $$;
 
@@ -1593,6 +1615,7 @@ CREATE OR REPLACE FUNCTION dq__group_next_eligible(
 ) RETURNS timestamptz
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
+SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
@@ -1625,6 +1648,7 @@ $$;
 CREATE OR REPLACE FUNCTION dq__group_rest(queue text, channel text, now_at timestamptz) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
@@ -1669,6 +1693,7 @@ CREATE OR REPLACE FUNCTION dq__groups_touch(
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
@@ -1759,54 +1784,6 @@ BEGIN
 END
 $$;
 
--- Up to max_count deliverable messages of a group after position
--- (after_priority, after_due, after_id), locked, in delivery order; the
--- spent ones met on the way (attempts >= max_attempts) come too, flagged.
-CREATE OR REPLACE FUNCTION dq__group_next(
-    queue text,
-    channel text,
-    now_at timestamptz,
-    max_count integer,
-    max_attempts integer,
-    after_priority integer DEFAULT NULL,
-    after_due timestamptz DEFAULT '-infinity',
-    after_id bigint DEFAULT 0
-) RETURNS TABLE (row_at tid, id bigint, priority integer, due_at timestamptz, spent boolean)
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-#variable_conflict use_column
-DECLARE
-    v_left integer := max_count;
-    v_head record;
-    v_read integer;
-BEGIN
-    LOOP
-        v_read := 0;
-        FOR v_head IN
-            SELECT * FROM @extschema@.dq__group_heads(
-                queue, channel, now_at, v_left, after_priority, after_due, after_id
-            )
-        LOOP
-            v_read := v_read + 1;
-            row_at := v_head.row_at;
-            id := v_head.id;
-            priority := v_head.priority;
-            due_at := v_head.due_at;
-            spent := coalesce(v_head.attempts >= max_attempts, FALSE);
-            RETURN NEXT;
-            IF NOT spent THEN
-                v_left := v_left - 1;
-            END IF;
-            after_priority := v_head.priority;
-            after_due := v_head.due_at;
-            after_id := v_head.id;
-        END LOOP;
-        EXIT WHEN v_left <= 0 OR v_read = 0;
-    END LOOP;
-END
-$$;
-
 -- True when the unchanneled group (turn, next message due at due) comes
 -- before a group of the turn order (its turn and first_due, a lower bound
 -- of its next message's due time) by the turn rule.
@@ -1846,8 +1823,9 @@ $$;
 -- Lease up to max_count messages of a grouped queue by the turn rule (the
 -- header), each until now_at + lease; due messages already delivered
 -- max_attempts times are buried instead. The first round takes one message
--- from each group in turn order; later rounds go round the groups taken
--- from, in the same order, as the rule makes them come round again.
+-- from each group in turn order, a batch of groups at a time; later rounds
+-- go round the groups taken from, in the same order, as the rule makes them
+-- come round again. A batch or a round is a few statements, whatever its size.
 CREATE OR REPLACE FUNCTION dq__poll_grouped(
     queue text,
     max_count integer,
@@ -1857,23 +1835,28 @@ CREATE OR REPLACE FUNCTION dq__poll_grouped(
 ) RETURNS SETOF dq_delivery
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
     v_queue text := dq__poll_grouped.queue;
-    v_turn_order refcursor;
-    v_group record;          -- the turn order's current group
-    v_has_group boolean;
     v_plain_turn bigint;     -- the unchanneled group's turn, when this poll holds it
-    v_plain_row tid;         -- and its next message: where, which, its priority and due time
-    v_plain_id bigint;
-    v_plain_priority integer;
-    v_plain_due timestamptz;
-    v_plain_waiting boolean; -- still to take its turn in the first round
-    v_plain_first boolean;   -- and it comes before the turn order's current group
+    v_plain record;          -- and its next message (row_at, id, priority, due_at)
+    v_plain_unread boolean;  -- held, its next message not read yet
+    v_plain_waiting boolean; -- read, still to take its turn in the first round
+    -- a batch of the turn order (locked): its groups, their room, their heads
+    v_want integer;
+    v_n integer;
+    v_restart boolean;
+    v_b_channels text[];
+    v_b_turns bigint[];
+    v_b_first_dues timestamptz[];
+    v_b_max integer[];
+    v_b_intervals interval[];
+    v_b_last timestamptz[];
+    v_h record;              -- the heads: arrays by position in the batch
     v_head record;
-    v_room integer;
     v_visited text[] := '{}';
     -- the messages taken: where, which, from which group, in which round
     v_rows tid[] := '{}';
@@ -1887,11 +1870,12 @@ DECLARE
     v_after_priority integer[] := '{}';
     v_after_due timestamptz[] := '{}';
     v_after_id bigint[] := '{}';
-    v_active boolean[] := '{}';
+    v_round integer[];
+    v_wants integer[];
+    v_got integer[];
+    v_read integer[];
     v_left integer;
     v_each integer;
-    v_got integer;
-    v_round integer[] := '{}';
     v_turns regclass;        -- dq_turns
     v_turned text[];         -- the groups taken from, in the order of their last message
     v_turn_values bigint[];
@@ -1900,13 +1884,12 @@ BEGIN
     -- groups whose wake time has come are looked at again
     UPDATE @extschema@.dq_groups AS g
     SET wake_at = NULL
-    FROM (
-        SELECT w.channel FROM @extschema@.dq_groups AS w
+    WHERE g.ctid = ANY(ARRAY(
+        SELECT w.ctid FROM @extschema@.dq_groups AS w
         WHERE w.queue = v_queue AND w.wake_at <= now_at
         ORDER BY w.wake_at
         FOR NO KEY UPDATE SKIP LOCKED
-    ) AS woken
-    WHERE g.queue = v_queue AND g.channel = woken.channel;
+    ));
 
     -- the unchanneled group has no row in the turn order's index scan: its
     -- messages never put it to sleep, so its next one is read every time
@@ -1914,247 +1897,172 @@ BEGIN
     FROM @extschema@.dq_groups AS g
     WHERE g.queue = v_queue AND g.channel = ''
     FOR NO KEY UPDATE SKIP LOCKED;
-    v_plain_waiting := FOUND;
-    IF v_plain_waiting THEN
-        -- Its next message, in one statement: its priority levels other
-        -- than 0 (in dq_messages_grouped), then level 0 (in dq_messages_due)
-        -- in its place, one probe each, highest first.
-        WITH RECURSIVE levels (p) AS (
-            (
-                SELECT m.priority FROM @extschema@.dq_messages AS m
-                WHERE m.queue = v_queue AND m.channel = '' AND m.priority <> 0
-                ORDER BY m.priority DESC
-                LIMIT 1
-            )
-            UNION ALL
-            SELECT (
-                SELECT m.priority FROM @extschema@.dq_messages AS m
-                WHERE m.queue = v_queue AND m.channel = '' AND m.priority <> 0 AND m.priority < l.p
-                ORDER BY m.priority DESC
-                LIMIT 1
-            )
-            FROM levels AS l
-            WHERE l.p IS NOT NULL
-        ),
+    v_plain_unread := FOUND;  -- its next message comes with the first batch's
+    v_plain_waiting := FALSE;
+    SELECT NULL::tid AS row_at, NULL::bigint AS id, NULL::integer AS priority, NULL::timestamptz AS due_at
+    INTO v_plain;
 
-        every_level AS (
-            SELECT l.p FROM levels AS l WHERE l.p IS NOT NULL
-            UNION ALL
-            SELECT 0
+    -- The first round, a batch of the turn order at a time.
+    LOOP
+        v_want := max_count - cardinality(v_ids);
+        EXIT WHEN v_want <= 0;
+        SELECT
+            coalesce(array_agg(g.channel ORDER BY g.turn NULLS FIRST, g.first_due, g.channel), '{}'),
+            array_agg(g.turn ORDER BY g.turn NULLS FIRST, g.first_due, g.channel),
+            array_agg(g.first_due ORDER BY g.turn NULLS FIRST, g.first_due, g.channel),
+            array_agg(g.max_concurrency ORDER BY g.turn NULLS FIRST, g.first_due, g.channel),
+            array_agg(g.min_interval ORDER BY g.turn NULLS FIRST, g.first_due, g.channel),
+            array_agg(g.last_leased_at ORDER BY g.turn NULLS FIRST, g.first_due, g.channel)
+        INTO v_b_channels, v_b_turns, v_b_first_dues, v_b_max, v_b_intervals, v_b_last
+        FROM (
+            SELECT g.channel, g.turn, g.first_due, g.max_concurrency, g.min_interval, g.last_leased_at
+            FROM @extschema@.dq_groups AS g
+            WHERE g.queue = v_queue AND g.wake_at IS NULL AND g.channel <> ''
+                AND g.channel <> ALL(v_visited)
+            ORDER BY g.turn NULLS FIRST, g.first_due, g.channel
+            LIMIT v_want
+            FOR NO KEY UPDATE SKIP LOCKED
+        ) AS g;
+        v_n := cardinality(v_b_channels);
+        -- Each group's room (counted now that the rows are locked: this
+        -- statement's snapshot sees every lease committed before the locks)
+        -- and its next message if it has room; the unchanneled group's next
+        -- message comes last, with the first batch.
+        WITH rooms AS (
+            SELECT b.o, @extschema@.dq__group_room(
+                b.max, b.gap, b.last,
+                CASE WHEN b.max IS NOT NULL THEN @extschema@.dq__leases_held(v_queue, b.c, now_at, b.max) END,
+                now_at
+            ) AS room
+            FROM unnest(v_b_channels, v_b_max, v_b_intervals, v_b_last) WITH ORDINALITY AS b (c, max, gap, last, o)
         )
 
-        SELECT
-            coalesce(hp.row_at, hg.row_at) AS row_at,
-            coalesce(hp.id, hg.id) AS id,
-            coalesce(hp.priority, hg.priority) AS priority,
-            coalesce(hp.due_at, hg.due_at) AS due_at,
-            coalesce(coalesce(hp.attempts, hg.attempts) >= max_attempts, FALSE) AS spent
-        INTO v_head
-        FROM (SELECT e.p FROM every_level AS e ORDER BY e.p DESC) AS l
-        LEFT JOIN LATERAL (
-            SELECT m.ctid AS row_at, m.id, m.priority, m.due_at, m.attempts
-            FROM @extschema@.dq_messages AS m
-            WHERE l.p = 0 AND m.queue = v_queue AND m.channel = '' AND m.priority = 0 AND m.due_at <= now_at
-            ORDER BY m.due_at, m.id
-            LIMIT 1
-            FOR UPDATE SKIP LOCKED
-        ) AS hp ON TRUE
-        LEFT JOIN LATERAL (
-            SELECT m.ctid AS row_at, m.id, m.priority, m.due_at, m.attempts
-            FROM @extschema@.dq_messages AS m
-            WHERE l.p <> 0 AND m.queue = v_queue AND m.channel = '' AND m.priority = l.p
-                AND m.priority <> 0 AND m.due_at <= now_at
-            ORDER BY m.due_at, m.id
-            LIMIT 1
-            FOR UPDATE SKIP LOCKED
-        ) AS hg ON TRUE
-        WHERE coalesce(hp.id, hg.id) IS NOT NULL
-        LIMIT 1;
-        IF v_head.spent THEN  -- already delivered max_attempts times: bury, take the next
-            FOR v_head IN SELECT * FROM @extschema@.dq__group_next(v_queue, '', now_at, 1, max_attempts) LOOP
-                EXIT WHEN NOT v_head.spent;
-                v_spent := v_spent || v_head.id;
-            END LOOP;
-        END IF;
-        IF v_head.id IS NOT NULL AND NOT v_head.spent THEN
-            v_plain_row := v_head.row_at;
-            v_plain_id := v_head.id;
-            v_plain_priority := v_head.priority;
-            v_plain_due := v_head.due_at;
-        END IF;
-        v_plain_waiting := v_plain_id IS NOT NULL;
-    END IF;
-
-    OPEN v_turn_order FOR
-        SELECT g.channel, g.turn, g.first_due, g.max_concurrency, g.min_interval, g.last_leased_at
-        FROM @extschema@.dq_groups AS g
-        WHERE g.queue = v_queue AND g.wake_at IS NULL AND g.channel <> ''
-        ORDER BY g.turn NULLS FIRST, g.first_due, g.channel
-        FOR NO KEY UPDATE SKIP LOCKED;
-    FETCH v_turn_order INTO v_group;
-    v_has_group := FOUND;
-
-    -- The first round: one message from each group, in turn order.
-    WHILE cardinality(v_ids) < max_count AND (v_has_group OR v_plain_waiting) LOOP
-        IF v_plain_waiting AND NOT v_has_group THEN
-            v_plain_first := TRUE;
-        ELSIF v_plain_waiting THEN
-            v_plain_first := @extschema@.dq__unchanneled_first(
-                v_plain_turn, v_plain_due, v_group.turn, v_group.first_due
-            );
-        ELSE
-            v_plain_first := FALSE;
-        END IF;
-        IF v_plain_first THEN
-            v_rows := v_rows || v_plain_row;
-            v_ids := v_ids || v_plain_id;
-            v_groups := v_groups || ''::text;
-            v_rounds := v_rounds || 1;
-            v_taken_from := v_taken_from || ''::text;
-            v_room_left := v_room_left || NULL::integer;
-            v_after_priority := v_after_priority || v_plain_priority;
-            v_after_due := v_after_due || v_plain_due;
-            v_after_id := v_after_id || v_plain_id;
-            v_plain_waiting := FALSE;
-            CONTINUE;
-        END IF;
-
-        v_head := NULL;
-        v_room := NULL;
-        IF v_group.max_concurrency IS NOT NULL OR v_group.min_interval IS NOT NULL THEN
-            v_room := @extschema@.dq__group_room(
-                v_group.max_concurrency, v_group.min_interval, v_group.last_leased_at,
-                CASE WHEN v_group.max_concurrency IS NOT NULL THEN
-                    @extschema@.dq__leases_held(v_queue, v_group.channel, now_at, v_group.max_concurrency)
-                END,
-                now_at
-            );
-        END IF;
-        IF coalesce(v_room > 0, TRUE) THEN
-            -- The channel's next message, in one statement: one probe per
-            -- priority level it uses (the hot path of a poll; dq__group_next
-            -- is the same, step by step, for what this cannot do).
-            WITH RECURSIVE levels (p) AS (
-                (
-                    SELECT m.priority FROM @extschema@.dq_messages AS m
-                    WHERE m.queue = v_queue AND m.channel = v_group.channel AND m.channel <> ''
-                    ORDER BY m.priority DESC
-                    LIMIT 1
-                )
-                UNION ALL
-                SELECT (
-                    SELECT m.priority FROM @extschema@.dq_messages AS m
-                    WHERE m.queue = v_queue AND m.channel = v_group.channel AND m.channel <> ''
-                        AND m.priority < l.p
-                    ORDER BY m.priority DESC
-                    LIMIT 1
-                )
-                FROM levels AS l
-                WHERE l.p IS NOT NULL
-            )
-
-            SELECT h.row_at, h.id, h.priority, h.due_at, coalesce(h.attempts >= max_attempts, FALSE) AS spent
-            INTO v_head
-            FROM levels AS l
-            CROSS JOIN LATERAL (
-                SELECT m.ctid AS row_at, m.id, m.priority, m.due_at, m.attempts
-                FROM @extschema@.dq_messages AS m
-                WHERE m.queue = v_queue AND m.channel = v_group.channel AND m.channel <> ''
-                    AND m.priority = l.p AND m.due_at <= now_at
-                ORDER BY m.due_at, m.id
-                LIMIT 1
-                FOR UPDATE SKIP LOCKED
-            ) AS h
-            WHERE l.p IS NOT NULL
-            LIMIT 1;
-            IF v_head.spent THEN  -- already delivered max_attempts times: bury, take the next
-                v_head := NULL;
-                FOR v_head IN
-                    SELECT * FROM @extschema@.dq__group_next(v_queue, v_group.channel, now_at, 1, max_attempts)
-                LOOP
-                    EXIT WHEN NOT v_head.spent;
-                    v_spent := v_spent || v_head.id;
-                END LOOP;
-                IF v_head.spent THEN
-                    v_head := NULL;
-                END IF;
+        SELECT (SELECT array_agg(r.room ORDER BY r.o) FROM rooms AS r) AS room,
+            array_agg(h.row_at ORDER BY b.o) AS row_at, array_agg(h.id ORDER BY b.o) AS id,
+            array_agg(h.priority ORDER BY b.o) AS priority, array_agg(h.due_at ORDER BY b.o) AS due_at,
+            array_agg(h.spent ORDER BY b.o) AS spent
+        INTO v_h
+        FROM generate_series(1, v_n + 1) AS b (o)
+        LEFT JOIN @extschema@.dq__heads(
+            v_queue, v_b_channels || ''::text,
+            ARRAY(SELECT (coalesce(r.room > 0, TRUE))::integer FROM rooms AS r ORDER BY r.o) || v_plain_unread::integer,
+            array_fill(NULL::integer, ARRAY[v_n + 1]),
+            array_fill(NULL::timestamptz, ARRAY[v_n + 1]),
+            array_fill(NULL::bigint, ARRAY[v_n + 1]),
+            now_at, max_attempts
+        ) AS h ON h.pos = b.o;
+        IF v_plain_unread THEN
+            SELECT v_h.row_at[v_n + 1] AS row_at, v_h.id[v_n + 1] AS id, v_h.priority[v_n + 1] AS priority,
+                v_h.due_at[v_n + 1] AS due_at
+            INTO v_plain;
+            IF v_h.spent[v_n + 1] THEN  -- already delivered max_attempts times: bury, take the next
+                v_plain := @extschema@.dq__group_first(v_queue, '', now_at, max_attempts);
             END IF;
+            v_plain_waiting := v_plain.id IS NOT NULL;
+            v_plain_unread := FALSE;
         END IF;
 
-        IF v_head IS NULL THEN
-            -- nothing eligible: it sleeps until it could have something
-            PERFORM @extschema@.dq__group_rest(v_queue, v_group.channel, now_at);
-        ELSIF v_group.turn IS NULL AND v_head.due_at > v_group.first_due THEN
-            -- never leased from, and placed too early (its earliest message
-            -- went): place it right and read the turn order again
-            UPDATE @extschema@.dq_groups AS g
-            SET first_due = v_head.due_at
-            WHERE g.queue = v_queue AND g.channel = v_group.channel;
-            CLOSE v_turn_order;
-            OPEN v_turn_order FOR
-                SELECT g.channel, g.turn, g.first_due, g.max_concurrency, g.min_interval, g.last_leased_at
-                FROM @extschema@.dq_groups AS g
-                WHERE g.queue = v_queue AND g.wake_at IS NULL AND g.channel <> ''
-                    AND g.channel <> ALL(v_visited)
-                ORDER BY g.turn NULLS FIRST, g.first_due, g.channel
-                FOR NO KEY UPDATE SKIP LOCKED;
-            FETCH v_turn_order INTO v_group;
-            v_has_group := FOUND;
-            CONTINUE;
-        ELSE
-            v_rows := v_rows || v_head.row_at;
-            v_ids := v_ids || v_head.id;
-            v_groups := v_groups || v_group.channel;
-            v_rounds := v_rounds || 1;
-            v_taken_from := v_taken_from || v_group.channel;
-            v_room_left := v_room_left || (v_room - 1);
-            v_after_priority := v_after_priority || v_head.priority;
-            v_after_due := v_after_due || v_head.due_at;
-            v_after_id := v_after_id || v_head.id;
-        END IF;
-        v_visited := v_visited || v_group.channel;
-        FETCH v_turn_order INTO v_group;
-        v_has_group := FOUND;
+        v_restart := FALSE;
+        -- the unchanneled group takes its place among them, or comes after
+        -- the last group of the turn order
+        FOR i IN 1 .. v_n + 1 LOOP
+            EXIT WHEN cardinality(v_ids) >= max_count;
+            IF v_plain_waiting AND (CASE
+                WHEN i > v_n THEN v_n < v_want
+                ELSE @extschema@.dq__unchanneled_first(v_plain_turn, v_plain.due_at, v_b_turns[i], v_b_first_dues[i])
+            END) THEN
+                v_rows := v_rows || v_plain.row_at;
+                v_ids := v_ids || v_plain.id;
+                v_groups := v_groups || ''::text;
+                v_taken_from := v_taken_from || ''::text;
+                v_room_left := v_room_left || NULL::integer;
+                v_after_priority := v_after_priority || v_plain.priority;
+                v_after_due := v_after_due || v_plain.due_at;
+                v_after_id := v_after_id || v_plain.id;
+                v_plain_waiting := FALSE;
+                EXIT WHEN cardinality(v_ids) >= max_count;
+            END IF;
+            EXIT WHEN i > v_n;
+            IF v_h.spent[i] THEN  -- already delivered max_attempts times: bury, take the next
+                v_head := @extschema@.dq__group_first(v_queue, v_b_channels[i], now_at, max_attempts);
+            ELSE
+                SELECT v_h.row_at[i] AS row_at, v_h.id[i] AS id, v_h.priority[i] AS priority,
+                    v_h.due_at[i] AS due_at
+                INTO v_head;
+            END IF;
+            IF v_head.id IS NULL THEN
+                -- nothing eligible: it sleeps until it could have something
+                PERFORM @extschema@.dq__group_rest(v_queue, v_b_channels[i], now_at);
+            ELSIF v_b_turns[i] IS NULL AND v_head.due_at > v_b_first_dues[i] THEN
+                -- never leased from, and placed too early (its earliest message
+                -- went): place it right and read the turn order again
+                UPDATE @extschema@.dq_groups AS g
+                SET first_due = v_head.due_at
+                WHERE g.queue = v_queue AND g.channel = v_b_channels[i];
+                v_restart := TRUE;
+                EXIT;
+            ELSE
+                v_rows := v_rows || v_head.row_at;
+                v_ids := v_ids || v_head.id;
+                v_groups := v_groups || v_b_channels[i];
+                v_taken_from := v_taken_from || v_b_channels[i];
+                v_room_left := v_room_left || (v_h.room[i] - 1);
+                v_after_priority := v_after_priority || v_head.priority;
+                v_after_due := v_after_due || v_head.due_at;
+                v_after_id := v_after_id || v_head.id;
+            END IF;
+            v_visited := v_visited || v_b_channels[i];
+        END LOOP;
+        EXIT WHEN NOT v_restart AND v_n < v_want;
     END LOOP;
-    CLOSE v_turn_order;
+    v_rounds := array_fill(1, ARRAY[cardinality(v_ids)]);
 
     -- Later rounds: the groups taken from come round again in the same
     -- order. Each pass asks every group with room for an equal share of
-    -- what is left; a group that gives less is done.
-    v_active := array_fill(TRUE, ARRAY[cardinality(v_taken_from)]);
+    -- what is left, all in one statement; a group that gives less is done.
     v_round := array_fill(1, ARRAY[cardinality(v_taken_from)]);
+    v_wants := array_fill(1, ARRAY[cardinality(v_taken_from)]);
     LOOP
         v_left := max_count - cardinality(v_ids);
-        EXIT WHEN v_left <= 0 OR NOT TRUE = ANY(v_active);
-        v_each := ceil(v_left::numeric / (SELECT count(*) FROM unnest(v_active) AS a (a) WHERE a.a));
-        FOR i IN 1 .. cardinality(v_taken_from) LOOP
-            CONTINUE WHEN NOT v_active[i];
-            v_got := 0;
-            IF coalesce(v_room_left[i] > 0, TRUE) THEN
-                FOR v_head IN
-                    SELECT * FROM @extschema@.dq__group_next(
-                        v_queue, v_taken_from[i], now_at, least(v_each, v_room_left[i]), max_attempts,
-                        v_after_priority[i], v_after_due[i], v_after_id[i]
-                    )
-                LOOP
-                    v_after_priority[i] := v_head.priority;
-                    v_after_due[i] := v_head.due_at;
-                    v_after_id[i] := v_head.id;
-                    IF v_head.spent THEN
-                        v_spent := v_spent || v_head.id;
-                        CONTINUE;
-                    END IF;
-                    v_got := v_got + 1;
-                    v_round[i] := v_round[i] + 1;
-                    v_rows := v_rows || v_head.row_at;
-                    v_ids := v_ids || v_head.id;
-                    v_groups := v_groups || v_taken_from[i];
-                    v_rounds := v_rounds || v_round[i];
-                END LOOP;
-                v_room_left[i] := v_room_left[i] - v_got;
+        EXIT WHEN v_left <= 0 OR NOT 0 < ANY(v_wants);
+        v_each := ceil(v_left::numeric / (SELECT count(*) FROM unnest(v_wants) AS w (w) WHERE w.w > 0));
+        v_wants := ARRAY(
+            SELECT CASE WHEN w.w > 0 THEN least(v_each, coalesce(w.room, v_each)) ELSE 0 END
+            FROM unnest(v_wants, v_room_left) WITH ORDINALITY AS w (w, room, o)
+            ORDER BY w.o
+        );
+        v_got := array_fill(0, ARRAY[cardinality(v_taken_from)]);
+        v_read := array_fill(0, ARRAY[cardinality(v_taken_from)]);
+        FOR v_head IN
+            SELECT * FROM @extschema@.dq__heads(
+                v_queue, v_taken_from, v_wants, v_after_priority, v_after_due, v_after_id, now_at, max_attempts
+            )
+        LOOP
+            i := v_head.pos;
+            v_read[i] := v_read[i] + 1;
+            v_after_priority[i] := v_head.priority;
+            v_after_due[i] := v_head.due_at;
+            v_after_id[i] := v_head.id;
+            IF v_head.spent THEN
+                v_spent := v_spent || v_head.id;
+                CONTINUE;
             END IF;
-            v_active[i] := v_got > 0 AND v_got = least(v_each, v_room_left[i] + v_got);
+            v_got[i] := v_got[i] + 1;
+            v_round[i] := v_round[i] + 1;
+            v_rows := v_rows || v_head.row_at;
+            v_ids := v_ids || v_head.id;
+            v_groups := v_groups || v_taken_from[i];
+            v_rounds := v_rounds || v_round[i];
         END LOOP;
+        -- a group that gave all it was asked for may have more
+        v_wants := ARRAY(
+            SELECT CASE WHEN w.w > 0 AND w.r = w.w AND coalesce(w.room - w.g > 0, TRUE) THEN 1 ELSE 0 END
+            FROM unnest(v_wants, v_read, v_got, v_room_left) WITH ORDINALITY AS w (w, r, g, room, o)
+            ORDER BY w.o
+        );
+        v_room_left := ARRAY(
+            SELECT w.room - w.g FROM unnest(v_room_left, v_got) WITH ORDINALITY AS w (room, g, o) ORDER BY w.o
+        );
     END LOOP;
 
     IF cardinality(v_spent) > 0 THEN
@@ -2227,6 +2135,7 @@ $$;
 CREATE OR REPLACE FUNCTION dq__grouped_next_due(queue text, now_at timestamptz, stop_below timestamptz) RETURNS timestamptz
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
+SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
@@ -2269,6 +2178,7 @@ $$;
 CREATE OR REPLACE FUNCTION dq__wake_if_first(queue text, written_at timestamptz, now_at timestamptz) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET jit = off  -- the header
 AS $$
 BEGIN
     IF written_at <= coalesce(@extschema@.dq__grouped_next_due(queue, now_at, written_at), 'infinity') THEN
