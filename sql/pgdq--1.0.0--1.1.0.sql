@@ -1417,7 +1417,7 @@ AS $$ SELECT '9999-12-31 23:59:59+00'::pg_catalog.timestamptz $$;
 CREATE OR REPLACE FUNCTION dq__levels(queue text, channel text, at_most integer) RETURNS SETOF integer
 LANGUAGE sql STABLE
 AS $$
-    WITH RECURSIVE levels (p) AS (
+    WITH RECURSIVE levels AS (
         SELECT greatest(
             (
                 SELECT m.priority FROM @extschema@.dq_messages AS m
@@ -1430,7 +1430,7 @@ AS $$
             ),
             CASE WHEN dq__levels.channel OPERATOR(pg_catalog.=) '' AND coalesce(at_most, 0) OPERATOR(pg_catalog.>=) 0
                 THEN 0 END
-        )
+        ) AS p
         UNION ALL
         SELECT greatest(
             (
