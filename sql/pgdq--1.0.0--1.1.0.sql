@@ -1410,45 +1410,78 @@ CREATE OR REPLACE FUNCTION dq__never() RETURNS timestamptz
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT '9999-12-31 23:59:59+00'::pg_catalog.timestamptz $$;
 
+-- dq__levels' step to level 0 of the unchanneled group (in dq_messages_due,
+-- not in the index the other levels are read from): taken when the group
+-- is the unchanneled one, level 0 is allowed (still ahead) and next_level,
+-- the next level in the other index, is below 0 or none;
+-- plain_due is the earliest due time in it then.
+CREATE OR REPLACE FUNCTION dq__level_zero(queue text, channel text, allowed boolean, next_level integer)
+RETURNS TABLE (zero boolean, plain_due timestamptz)
+LANGUAGE sql STABLE
+AS $$
+    SELECT
+        z.zero,
+        CASE WHEN z.zero THEN (
+            SELECT m.due_at FROM @extschema@.dq_messages AS m
+            WHERE m.queue OPERATOR(pg_catalog.=) dq__level_zero.queue
+                AND m.channel OPERATOR(pg_catalog.=) '' AND m.priority OPERATOR(pg_catalog.=) 0
+            ORDER BY m.due_at, m.id
+            LIMIT 1
+        ) END
+    FROM (
+        SELECT dq__level_zero.channel OPERATOR(pg_catalog.=) '' AND allowed
+            AND coalesce(next_level OPERATOR(pg_catalog.<) 0, TRUE) AS zero
+    ) AS z
+$$;
+
 -- The priority levels of a group's messages from at_most down (NULL: all),
--- highest first, one index probe each; for the unchanneled group level 0
--- too, whose messages are in dq_messages_due. Inlined into its callers (a
--- plain SQL function), so a caller that stops early reads no more levels.
-CREATE OR REPLACE FUNCTION dq__levels(queue text, channel text, at_most integer) RETURNS SETOF integer
+-- highest first, each with the earliest due time in it (a leased message
+-- by its lease's end): one index probe a level, which finds both. For the
+-- unchanneled group level 0 too, whose messages are in dq_messages_due.
+-- Inlined into its callers (a plain SQL function), so a caller that stops
+-- early reads no more levels.
+CREATE OR REPLACE FUNCTION dq__levels(queue text, channel text, at_most integer)
+RETURNS TABLE (priority integer, first_due timestamptz)
 LANGUAGE sql STABLE
 AS $$
     WITH RECURSIVE levels AS (
-        SELECT greatest(
-            (
-                SELECT m.priority FROM @extschema@.dq_messages AS m
-                WHERE m.queue OPERATOR(pg_catalog.=) dq__levels.queue
-                    AND m.channel OPERATOR(pg_catalog.=) dq__levels.channel
-                    AND (m.channel OPERATOR(pg_catalog.<>) '' OR m.priority OPERATOR(pg_catalog.<>) 0)
-                    AND m.priority OPERATOR(pg_catalog.<=) coalesce(at_most, 2147483647)
-                ORDER BY m.priority DESC
-                LIMIT 1
-            ),
-            CASE WHEN dq__levels.channel OPERATOR(pg_catalog.=) '' AND coalesce(at_most, 0) OPERATOR(pg_catalog.>=) 0
-                THEN 0 END
-        ) AS p
+        SELECT
+            CASE WHEN z.zero THEN 0 ELSE g.priority END AS p,
+            CASE WHEN z.zero THEN z.plain_due ELSE g.due_at END AS d
+        FROM (SELECT) AS start
+        LEFT JOIN LATERAL (
+            SELECT m.priority, m.due_at FROM @extschema@.dq_messages AS m
+            WHERE m.queue OPERATOR(pg_catalog.=) dq__levels.queue
+                AND m.channel OPERATOR(pg_catalog.=) dq__levels.channel
+                AND (m.channel OPERATOR(pg_catalog.<>) '' OR m.priority OPERATOR(pg_catalog.<>) 0)
+                AND m.priority OPERATOR(pg_catalog.<=) coalesce(at_most, 2147483647)
+            ORDER BY m.priority DESC, m.due_at, m.id
+            LIMIT 1
+        ) AS g ON TRUE
+        CROSS JOIN LATERAL @extschema@.dq__level_zero(
+            dq__levels.queue, dq__levels.channel, coalesce(at_most, 0) OPERATOR(pg_catalog.>=) 0, g.priority
+        ) AS z
         UNION ALL
-        SELECT greatest(
-            (
-                SELECT m.priority FROM @extschema@.dq_messages AS m
-                WHERE m.queue OPERATOR(pg_catalog.=) dq__levels.queue
-                    AND m.channel OPERATOR(pg_catalog.=) dq__levels.channel
-                    AND (m.channel OPERATOR(pg_catalog.<>) '' OR m.priority OPERATOR(pg_catalog.<>) 0)
-                    AND m.priority OPERATOR(pg_catalog.<) l.p
-                ORDER BY m.priority DESC
-                LIMIT 1
-            ),
-            CASE WHEN dq__levels.channel OPERATOR(pg_catalog.=) '' AND l.p OPERATOR(pg_catalog.>) 0 THEN 0 END
-        )
+        SELECT
+            CASE WHEN z.zero THEN 0 ELSE g.priority END,
+            CASE WHEN z.zero THEN z.plain_due ELSE g.due_at END
         FROM levels AS l
+        LEFT JOIN LATERAL (
+            SELECT m.priority, m.due_at FROM @extschema@.dq_messages AS m
+            WHERE m.queue OPERATOR(pg_catalog.=) dq__levels.queue
+                AND m.channel OPERATOR(pg_catalog.=) dq__levels.channel
+                AND (m.channel OPERATOR(pg_catalog.<>) '' OR m.priority OPERATOR(pg_catalog.<>) 0)
+                AND m.priority OPERATOR(pg_catalog.<) l.p
+            ORDER BY m.priority DESC, m.due_at, m.id
+            LIMIT 1
+        ) AS g ON TRUE
+        CROSS JOIN LATERAL @extschema@.dq__level_zero(
+            dq__levels.queue, dq__levels.channel, l.p OPERATOR(pg_catalog.>) 0, g.priority
+        ) AS z
         WHERE l.p IS NOT NULL
     )
 
-    SELECT l.p FROM levels AS l WHERE l.p IS NOT NULL
+    SELECT l.p, l.d FROM levels AS l WHERE l.p IS NOT NULL
 $$;
 
 -- Up to wants[i] due messages of group channels[i] of queue ('' the
@@ -1486,11 +1519,11 @@ BEGIN
             coalesce(hp.priority, hg.priority) AS priority,
             coalesce(hp.due_at, hg.due_at) AS due_at,
             coalesce(hp.attempts, hg.attempts) AS attempts
-        FROM @extschema@.dq__levels(dq__heads.queue, t.c, t.ap) AS l (p)
+        FROM @extschema@.dq__levels(dq__heads.queue, t.c, t.ap) AS l (p, d)
         LEFT JOIN LATERAL (
             SELECT m.ctid AS row_at, m.id, m.priority, m.due_at, m.attempts
             FROM @extschema@.dq_messages AS m
-            WHERE t.c = '' AND l.p = 0
+            WHERE t.c = '' AND l.p = 0 AND l.d <= now_at
                 AND m.queue = dq__heads.queue AND m.channel = '' AND m.priority = 0
                 AND m.due_at <= now_at
                 AND (m.due_at, m.id) > (
@@ -1503,7 +1536,7 @@ BEGIN
         LEFT JOIN LATERAL (
             SELECT m.ctid AS row_at, m.id, m.priority, m.due_at, m.attempts
             FROM @extschema@.dq_messages AS m
-            WHERE NOT (t.c = '' AND l.p = 0)
+            WHERE NOT (t.c = '' AND l.p = 0) AND l.d <= now_at
                 AND m.queue = dq__heads.queue AND m.channel = t.c AND m.priority = l.p
                 AND (m.channel <> '' OR m.priority <> 0)
                 AND m.due_at <= now_at
@@ -1566,23 +1599,8 @@ AS $$
 #variable_conflict use_column
 BEGIN
     RETURN (
-        SELECT min(coalesce(
-            (
-                SELECT m.due_at FROM @extschema@.dq_messages AS m
-                WHERE dq__group_first_due.channel = '' AND l.p = 0
-                    AND m.queue = dq__group_first_due.queue AND m.channel = '' AND m.priority = 0
-                ORDER BY m.due_at
-                LIMIT 1
-            ),
-            (
-                SELECT m.due_at FROM @extschema@.dq_messages AS m
-                WHERE m.queue = dq__group_first_due.queue AND m.channel = dq__group_first_due.channel
-                    AND m.priority = l.p AND (m.channel <> '' OR m.priority <> 0)
-                ORDER BY m.due_at
-                LIMIT 1
-            )
-        ))
-        FROM @extschema@.dq__levels(dq__group_first_due.queue, dq__group_first_due.channel, NULL) AS l (p)
+        SELECT min(l.first_due)
+        FROM @extschema@.dq__levels(dq__group_first_due.queue, dq__group_first_due.channel, NULL) AS l
     );
 END
 $$;

@@ -440,6 +440,7 @@ KEYWORDS = {
     "return",
     "bit",
     "ordinality",
+    "lateral",
 }
 
 
