@@ -1867,14 +1867,11 @@ DECLARE
     v_want integer;
     v_n integer;
     v_restart boolean;
-    v_b_channels text[];
-    v_b_turns bigint[];
-    v_b_first_dues timestamptz[];
-    v_b_max integer[];
-    v_b_intervals interval[];
-    v_b_last timestamptz[];
-    v_h record;              -- the heads: arrays by position in the batch
+    v_batch @extschema@.dq_groups[];
+    v_h record;              -- their rooms and heads: arrays by position in the batch
     v_head record;
+    v_take text;             -- the group whose message v_head is taken (NULL: none)
+    v_room integer;          -- and the room it has left
     v_visited text[] := '{}';
     -- the messages taken: where, which, from which group, in which round
     v_rows tid[] := '{}';
@@ -1924,35 +1921,28 @@ BEGIN
     LOOP
         v_want := max_count - cardinality(v_ids);
         EXIT WHEN v_want <= 0;
-        SELECT
-            coalesce(array_agg(g.channel ORDER BY g.turn NULLS FIRST, g.first_due, g.channel), '{}'),
-            array_agg(g.turn ORDER BY g.turn NULLS FIRST, g.first_due, g.channel),
-            array_agg(g.first_due ORDER BY g.turn NULLS FIRST, g.first_due, g.channel),
-            array_agg(g.max_concurrency ORDER BY g.turn NULLS FIRST, g.first_due, g.channel),
-            array_agg(g.min_interval ORDER BY g.turn NULLS FIRST, g.first_due, g.channel),
-            array_agg(g.last_leased_at ORDER BY g.turn NULLS FIRST, g.first_due, g.channel)
-        INTO v_b_channels, v_b_turns, v_b_first_dues, v_b_max, v_b_intervals, v_b_last
-        FROM (
-            SELECT g.channel, g.turn, g.first_due, g.max_concurrency, g.min_interval, g.last_leased_at
-            FROM @extschema@.dq_groups AS g
+        v_batch := ARRAY(
+            SELECT g FROM @extschema@.dq_groups AS g
             WHERE g.queue = v_queue AND g.wake_at IS NULL AND g.channel <> ''
                 AND g.channel <> ALL(v_visited)
             ORDER BY g.turn NULLS FIRST, g.first_due, g.channel
             LIMIT v_want
             FOR NO KEY UPDATE SKIP LOCKED
-        ) AS g;
-        v_n := cardinality(v_b_channels);
+        );
+        v_n := cardinality(v_batch);
         -- Each group's room (counted now that the rows are locked: this
         -- statement's snapshot sees every lease committed before the locks)
         -- and its next message if it has room; the unchanneled group's next
         -- message comes last, with the first batch.
         WITH rooms AS (
-            SELECT b.o, @extschema@.dq__group_room(
-                b.max, b.gap, b.last,
-                CASE WHEN b.max IS NOT NULL THEN @extschema@.dq__leases_held(v_queue, b.c, now_at, b.max) END,
+            SELECT b.ordinality AS o, b.channel, @extschema@.dq__group_room(
+                b.max_concurrency, b.min_interval, b.last_leased_at,
+                CASE WHEN b.max_concurrency IS NOT NULL THEN
+                    @extschema@.dq__leases_held(v_queue, b.channel, now_at, b.max_concurrency)
+                END,
                 now_at
             ) AS room
-            FROM unnest(v_b_channels, v_b_max, v_b_intervals, v_b_last) WITH ORDINALITY AS b (c, max, gap, last, o)
+            FROM unnest(v_batch) WITH ORDINALITY AS b
         )
 
         SELECT (SELECT array_agg(r.room ORDER BY r.o) FROM rooms AS r) AS room,
@@ -1962,11 +1952,10 @@ BEGIN
         INTO v_h
         FROM generate_series(1, v_n + 1) AS b (o)
         LEFT JOIN @extschema@.dq__heads(
-            v_queue, v_b_channels || ''::text,
+            v_queue,
+            ARRAY(SELECT r.channel FROM rooms AS r ORDER BY r.o) || ''::text,
             ARRAY(SELECT (coalesce(r.room > 0, TRUE))::integer FROM rooms AS r ORDER BY r.o) || v_plain_unread::integer,
-            array_fill(NULL::integer, ARRAY[v_n + 1]),
-            array_fill(NULL::timestamptz, ARRAY[v_n + 1]),
-            array_fill(NULL::bigint, ARRAY[v_n + 1]),
+            '{}', '{}', '{}',  -- from the start (unnest pads them with NULLs)
             now_at, max_attempts
         ) AS h ON h.pos = b.o;
         IF v_plain_unread THEN
@@ -1980,56 +1969,59 @@ BEGIN
             v_plain_unread := FALSE;
         END IF;
 
+        -- Take the batch's heads in turn order; the unchanneled group takes
+        -- its place among them, or after the last group of the turn order.
         v_restart := FALSE;
-        -- the unchanneled group takes its place among them, or comes after
-        -- the last group of the turn order
-        FOR i IN 1 .. v_n + 1 LOOP
-            EXIT WHEN cardinality(v_ids) >= max_count;
+        i := 1;
+        WHILE cardinality(v_ids) < max_count LOOP
+            v_take := NULL;
             IF v_plain_waiting AND (CASE
                 WHEN i > v_n THEN v_n < v_want
-                ELSE @extschema@.dq__unchanneled_first(v_plain_turn, v_plain.due_at, v_b_turns[i], v_b_first_dues[i])
+                ELSE @extschema@.dq__unchanneled_first(
+                    v_plain_turn, v_plain.due_at, (v_batch[i]).turn, (v_batch[i]).first_due
+                )
             END) THEN
-                v_rows := v_rows || v_plain.row_at;
-                v_ids := v_ids || v_plain.id;
-                v_groups := v_groups || ''::text;
-                v_taken_from := v_taken_from || ''::text;
-                v_room_left := v_room_left || NULL::integer;
-                v_after_priority := v_after_priority || v_plain.priority;
-                v_after_due := v_after_due || v_plain.due_at;
-                v_after_id := v_after_id || v_plain.id;
+                v_head := v_plain;
+                v_take := '';
+                v_room := NULL;
                 v_plain_waiting := FALSE;
-                EXIT WHEN cardinality(v_ids) >= max_count;
-            END IF;
-            EXIT WHEN i > v_n;
-            IF v_h.spent[i] THEN  -- already delivered max_attempts times: bury, take the next
-                v_head := @extschema@.dq__group_first(v_queue, v_b_channels[i], now_at, max_attempts);
             ELSE
-                SELECT v_h.row_at[i] AS row_at, v_h.id[i] AS id, v_h.priority[i] AS priority,
-                    v_h.due_at[i] AS due_at
-                INTO v_head;
+                EXIT WHEN i > v_n;
+                IF v_h.spent[i] THEN  -- already delivered max_attempts times: bury, take the next
+                    v_head := @extschema@.dq__group_first(v_queue, (v_batch[i]).channel, now_at, max_attempts);
+                ELSE
+                    SELECT v_h.row_at[i] AS row_at, v_h.id[i] AS id, v_h.priority[i] AS priority,
+                        v_h.due_at[i] AS due_at
+                    INTO v_head;
+                END IF;
+                IF v_head.id IS NULL THEN
+                    -- nothing eligible: it sleeps until it could have something
+                    PERFORM @extschema@.dq__group_rest(v_queue, (v_batch[i]).channel, now_at);
+                ELSIF (v_batch[i]).turn IS NULL AND v_head.due_at > (v_batch[i]).first_due THEN
+                    -- never leased from, and placed too early (its earliest message
+                    -- went): place it right and read the turn order again
+                    UPDATE @extschema@.dq_groups AS g
+                    SET first_due = v_head.due_at
+                    WHERE g.queue = v_queue AND g.channel = (v_batch[i]).channel;
+                    v_restart := TRUE;
+                    EXIT;
+                ELSE
+                    v_take := (v_batch[i]).channel;
+                    v_room := v_h.room[i] - 1;
+                END IF;
+                v_visited := v_visited || (v_batch[i]).channel;
+                i := i + 1;
             END IF;
-            IF v_head.id IS NULL THEN
-                -- nothing eligible: it sleeps until it could have something
-                PERFORM @extschema@.dq__group_rest(v_queue, v_b_channels[i], now_at);
-            ELSIF v_b_turns[i] IS NULL AND v_head.due_at > v_b_first_dues[i] THEN
-                -- never leased from, and placed too early (its earliest message
-                -- went): place it right and read the turn order again
-                UPDATE @extschema@.dq_groups AS g
-                SET first_due = v_head.due_at
-                WHERE g.queue = v_queue AND g.channel = v_b_channels[i];
-                v_restart := TRUE;
-                EXIT;
-            ELSE
+            IF v_take IS NOT NULL THEN
                 v_rows := v_rows || v_head.row_at;
                 v_ids := v_ids || v_head.id;
-                v_groups := v_groups || v_b_channels[i];
-                v_taken_from := v_taken_from || v_b_channels[i];
-                v_room_left := v_room_left || (v_h.room[i] - 1);
+                v_groups := v_groups || v_take;
+                v_taken_from := v_taken_from || v_take;
+                v_room_left := v_room_left || v_room;
                 v_after_priority := v_after_priority || v_head.priority;
                 v_after_due := v_after_due || v_head.due_at;
                 v_after_id := v_after_id || v_head.id;
             END IF;
-            v_visited := v_visited || v_b_channels[i];
         END LOOP;
         EXIT WHEN NOT v_restart AND v_n < v_want;
     END LOOP;
