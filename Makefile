@@ -50,7 +50,7 @@ venv: $(VENV)/.stamp
 $(VENV)/.stamp: python/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
-	$(PY) -m pip install -e 'python[dev,spark]' >> $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
+	$(PY) -m pip install -e 'python[dev,spark,http]' >> $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
 	touch $@
 
 installcheck:

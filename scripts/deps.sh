@@ -2,7 +2,8 @@
 # Install the system packages pgdq's build and tests need, when missing:
 # PGXS (postgresql-server-dev-15), pgTAP and pg_prove, python3 with venv
 # (.venv; make assembles the extension script with python3), and Java 17 for
-# the Spark tests and demo. Debian/Ubuntu, as root.
+# the Spark tests and demo, curl for the README's HTTP examples. Debian/Ubuntu,
+# as root.
 set -euo pipefail
 
 sharedir=$(pg_config --sharedir 2>/dev/null || echo /usr/share/postgresql/15)
@@ -14,6 +15,7 @@ command -v pg_prove >/dev/null || missing+=(libtap-parser-sourcehandler-pgtap-pe
 command -v python3 >/dev/null || missing+=(python3)
 python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
+command -v curl >/dev/null || missing+=(curl)
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then

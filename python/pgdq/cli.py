@@ -3,7 +3,7 @@
 Installing: install, upgrade, uninstall, version. Messages: offer (one, or
 JSON Lines), peek, poll, ack, nack, cancel, purge, stats, channels. channel
 set|remove; dead-letters list|redrive|purge; schedules list|set|remove
-(kept by the database); worker.
+(kept by the database); worker; serve (HTTP) and token new.
 
 Every command takes --dsn (else PGDQ_DSN, DATABASE_URL or the PG* variables),
 --schema (else PGDQ_SCHEMA, else public) and --json (machine-readable output;
@@ -27,6 +27,7 @@ import click
 from . import __version__
 from ._cli_manage import cancel, channel, channels, dead_letters, peek, purge, schedules, stats
 from ._cli_messages import ack, nack, offer, poll
+from ._cli_serve import serve, token
 from ._cli_setup import install, uninstall, upgrade, version, worker
 
 
@@ -42,6 +43,22 @@ def main() -> None:
     """
 
 
-COMMANDS = (install, upgrade, uninstall, version, worker, offer, poll, ack, nack, peek, cancel, purge, stats, channels)
-for command in (*COMMANDS, channel, dead_letters, schedules):
+COMMANDS = (
+    install,
+    upgrade,
+    uninstall,
+    version,
+    worker,
+    serve,
+    offer,
+    poll,
+    ack,
+    nack,
+    peek,
+    cancel,
+    purge,
+    stats,
+    channels,
+)
+for command in (*COMMANDS, channel, dead_letters, schedules, token):
     main.add_command(command)

@@ -1,0 +1,93 @@
+"""`pgdq serve` (the HTTP service) and `pgdq token new` (a bearer token for it)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from pathlib import Path
+
+import click
+
+from ._cli_base import BadInput, dsn_option, schema_option
+from ._cli_setup import _check_worker_database, _configure_logging
+
+
+def is_loopback(host: str) -> bool:
+    """True if host names only this machine (so no token is needed)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@click.command()
+@dsn_option
+@schema_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to listen on")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--tokens", "tokens_file", type=click.Path(dir_okay=False), help="bearer tokens (pgdq token new)")
+@click.option("--max-body", default=1 << 20, show_default=True, type=click.IntRange(1), help="largest body, bytes")
+@click.option("--pool-size", default=10, show_default=True, type=click.IntRange(1), help="database connections")
+@click.option(
+    "--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])
+)
+def serve(
+    dsn: str | None,
+    schema: str,
+    host: str,
+    port: int,
+    tokens_file: str | None,
+    max_body: int,
+    pool_size: int,
+    log_level: str,
+) -> None:
+    """Serve the queue over HTTP (JSON API under /v1, OpenAPI at /docs) until SIGINT / SIGTERM.
+    Without --tokens it listens on loopback only."""
+    import uvicorn
+
+    from .http import Settings, create_app, load_tokens
+
+    if tokens_file is None and not is_loopback(host):
+        raise BadInput(f"refusing to serve on {host} without --tokens: anyone who can reach it could use every queue")
+    try:
+        tokens = load_tokens(tokens_file) if tokens_file is not None else None
+    except ValueError as e:
+        raise BadInput(str(e)) from e
+    _check_worker_database(dsn, schema)
+    _configure_logging(log_level, False)
+    settings = Settings(
+        dsn=dsn or os.environ.get("DATABASE_URL", ""),
+        schema=schema,
+        tokens=tokens,
+        max_body=max_body,
+        pool_size=pool_size,
+    )
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level.lower())
+
+
+@click.group()
+def token() -> None:
+    """Bearer tokens for `pgdq serve --tokens FILE`."""
+
+
+@token.command("new")
+@click.argument("tokens_file", type=click.Path(dir_okay=False))
+@click.option("--name", required=True, help="whose token (shown in 403 answers and logs)")
+@click.option("--scope", "scopes", multiple=True, required=True, type=click.Choice(["produce", "consume", "admin"]))
+@click.option("--queue", "queues", multiple=True, help="a queue it may touch; repeat; default every queue")
+def token_new(tokens_file: str, name: str, scopes: tuple[str, ...], queues: tuple[str, ...]) -> None:
+    """Add a token to TOKENS_FILE (which keeps only its SHA-256) and print it, once."""
+    from .http import new_token
+
+    path = Path(tokens_file)
+    data = json.loads(path.read_text()) if path.exists() else {"tokens": []}
+    if any(t.get("name") == name for t in data["tokens"]):
+        raise BadInput(f"{tokens_file} already has a token named {name!r}")
+    secret, entry = new_token(name, list(scopes), list(queues))
+    data["tokens"].append(entry)
+    path.touch(mode=0o600)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    click.echo(secret)

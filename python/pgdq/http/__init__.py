@@ -1,0 +1,31 @@
+"""pgdq over HTTP: a stateless JSON API in front of the SQL functions.
+
+`pgdq serve` runs it on uvicorn; any ASGI server can run `pgdq.http:app`,
+configured from the environment (PGDQ_DSN, PGDQ_SCHEMA, PGDQ_TOKENS). Run
+as many servers as you like behind a load balancer: every state is in
+PostgreSQL. docs/http.md describes the API.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ._app import Settings, create_app
+from ._auth import Token, load_tokens, new_token
+
+__all__ = ["Settings", "Token", "app", "create_app", "load_tokens", "new_token"]
+
+
+def __getattr__(name: str) -> Any:
+    """`app`: the service configured from the environment, made on first use."""
+    if name != "app":
+        raise AttributeError(name)
+    tokens = os.environ.get("PGDQ_TOKENS")
+    settings = Settings(
+        dsn=os.environ.get("PGDQ_DSN", ""),
+        schema=os.environ.get("PGDQ_SCHEMA"),
+        tokens=load_tokens(tokens) if tokens else None,
+    )
+    made = globals()["app"] = create_app(settings)
+    return made

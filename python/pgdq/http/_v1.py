@@ -1,0 +1,195 @@
+"""The JSON API under /v1: one route per SQL function, each one statement
+(a long poll: a statement per wake-up, no connection held while waiting)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Path, Request
+from pydantic import BaseModel
+
+from .. import AsyncClient, AsyncQueue
+from ..model import Message
+from ._app import ApiError, authorize
+from ._models import (
+    AckIn,
+    AckOut,
+    DeliveryOut,
+    Done,
+    ErrorOut,
+    ExtendIn,
+    ExtendOut,
+    MessageOut,
+    NackIn,
+    OfferBatchIn,
+    OfferBatchOut,
+    OfferIn,
+    OfferOut,
+    PollIn,
+    PollOut,
+    StatsOut,
+)
+
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 413, 503)}
+router = APIRouter(prefix="/v1", responses=ERRORS)
+W = TypeVar("W", bound=BaseModel)
+QueueName = Annotated[str, Path(min_length=1, max_length=100, description="the queue")]
+KeyName = Annotated[str, Path(min_length=1, max_length=200, description="the message's key")]
+
+
+def _queue(request: Request, name: str) -> AsyncQueue:
+    return AsyncQueue(name, request.app.state.pool, schema=request.app.state.settings.schema)
+
+
+def _client(request: Request) -> AsyncClient:
+    return AsyncClient(request.app.state.pool, schema=request.app.state.settings.schema)
+
+
+def _at(at: datetime | None, delay: float | None) -> datetime | None:
+    """A due time from an RFC 3339 time or a delay in seconds (None: now)."""
+    return datetime.now(UTC) + timedelta(seconds=delay) if delay is not None else at
+
+
+@router.post("/queues/{queue}/messages", response_model=OfferOut, tags=["produce"])
+async def offer(request: Request, queue: QueueName, body: OfferIn) -> OfferOut:
+    """Offer one message (dq_offer): created, updated or ignored."""
+    authorize(request, "produce", queue)
+    outcome = await _queue(request, queue).offer(
+        body.key,
+        body.payload,
+        _at(body.at, body.delay),
+        can_update=body.can_update,
+        channel=body.channel,
+        priority=body.priority,
+    )
+    return OfferOut(key=body.key, outcome=outcome.value)
+
+
+@router.post("/queues/{queue}/messages/batch", response_model=OfferBatchOut, tags=["produce"])
+async def offer_many(request: Request, queue: QueueName, body: OfferBatchIn) -> OfferBatchOut:
+    """Offer a batch (dq_offer_many), one result per message, in order; all or nothing."""
+    authorize(request, "produce", queue)
+    if len({m.can_update for m in body.messages}) > 1:
+        raise ApiError(400, "messages: can_update must be the same for every message of a batch")
+    batch = [Message(m.key, m.payload, _at(m.at, m.delay), m.channel, m.priority) for m in body.messages]
+    can_update = body.messages[0].can_update if body.messages else True
+    results = await _queue(request, queue).offer_many(batch, can_update=can_update)
+    return OfferBatchOut(results=[OfferOut(key=r.key, outcome=r.outcome.value) for r in results])
+
+
+@router.post("/queues/{queue}/poll", response_model=PollOut, tags=["consume"])
+async def poll(request: Request, queue: QueueName, body: PollIn) -> PollOut:
+    """Lease up to max due messages (dq_poll_many); with wait, wait up to
+    that many seconds for one to fall due or be offered."""
+    authorize(request, "consume", queue)
+    q = _queue(request, queue)
+    deadline = asyncio.get_running_loop().time() + body.wait
+    while True:
+        with request.app.state.wakeups.waiter(queue) as woken:  # before the poll: no wake-up is lost
+            deliveries = await q.poll_many(body.max, body.lease)
+            left = deadline - asyncio.get_running_loop().time()
+            if deliveries or left <= 0:
+                return PollOut(deliveries=[_wire(DeliveryOut, d) for d in deliveries])
+            due = await q.next_due()
+            if due is not None:
+                left = min(left, max((due - datetime.now(UTC)).total_seconds(), 0.01))
+            if not await _woken_or_gone(request, woken, left):
+                return PollOut(deliveries=[])
+
+
+async def _woken_or_gone(request: Request, woken: asyncio.Event, timeout: float) -> bool:
+    """Wait for woken or timeout; False if the client went away meanwhile."""
+    gone = asyncio.ensure_future(_disconnected(request))
+    wake = asyncio.ensure_future(woken.wait())
+    try:
+        await asyncio.wait((gone, wake), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (gone, wake):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return not (gone.done() and not gone.cancelled() and gone.result())
+
+
+async def _disconnected(request: Request) -> bool:
+    """True once the client disconnects (its body was read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return True
+
+
+def _wire(model: type[W], found: Any) -> W:
+    """model from the same-named fields of a result (payload: its raw JSON, as stored)."""
+    return model(**{f: getattr(found, "raw_payload" if f == "payload" else f) for f in model.model_fields})
+
+
+@router.post("/queues/{queue}/ack", response_model=AckOut, tags=["consume"])
+async def ack(request: Request, queue: QueueName, body: AckIn) -> AckOut:
+    """Ack leased messages by lock token (dq_ack_many); 409 if any token was stale
+    (the current ones are acked all the same)."""
+    authorize(request, "consume", queue)
+    acked = await _client(request).ack_many(body.lock_tokens)
+    if acked < len(set(body.lock_tokens)):
+        raise ApiError(409, f"{len(set(body.lock_tokens)) - acked} of the lock tokens were stale; {acked} acked")
+    return AckOut(acked=acked)
+
+
+@router.post("/queues/{queue}/nack", response_model=Done, tags=["consume"])
+async def nack(request: Request, queue: QueueName, body: NackIn) -> Done:
+    """Give a leased message back (dq_nack), due at retry_at, in retry_in seconds or now; 409 if stale."""
+    authorize(request, "consume", queue)
+    if body.retry_at is not None and body.retry_in is not None:
+        raise ApiError(400, "give retry_at or retry_in, not both")
+    if not await _client(request).nack(
+        body.lock_token, _at(body.retry_at, body.retry_in), body.state, error=body.error
+    ):
+        raise ApiError(409, "the lock token is stale")
+    return Done()
+
+
+@router.post("/queues/{queue}/extend", response_model=ExtendOut, tags=["consume"])
+async def extend(request: Request, queue: QueueName, body: ExtendIn) -> ExtendOut:
+    """Lease for lease more seconds from now (dq_extend); 409 if stale."""
+    authorize(request, "consume", queue)
+    until = await _client(request).extend(body.lock_token, body.lease)
+    if until is None:
+        raise ApiError(409, "the lock token is stale")
+    return ExtendOut(lease_until=until)
+
+
+@router.get("/queues/{queue}/messages/{key}", response_model=MessageOut, tags=["manage"])
+async def get(request: Request, queue: QueueName, key: KeyName) -> MessageOut:
+    """A message without locking or changing it (dq_get); 404 if there is none."""
+    authorize(request, "consume", queue)
+    found = await _queue(request, queue).get(key)
+    if found is None:
+        raise ApiError(404, f"no message of key {key!r} in queue {queue!r}")
+    return _wire(MessageOut, found)
+
+
+@router.delete("/queues/{queue}/messages/{key}", response_model=Done, tags=["produce"])
+async def cancel(request: Request, queue: QueueName, key: KeyName) -> Done:
+    """Delete a message, leased or not (dq_cancel); 404 if there is none."""
+    authorize(request, "produce", queue)
+    if not await _queue(request, queue).cancel(key):
+        raise ApiError(404, f"no message of key {key!r} in queue {queue!r}")
+    return Done()
+
+
+@router.get("/queues/{queue}/stats", response_model=StatsOut, tags=["manage"])
+async def queue_stats(request: Request, queue: QueueName) -> StatsOut:
+    """Ready, delayed and leased counts of a queue (dq_stats)."""
+    authorize(request, "consume", queue)
+    s = await _queue(request, queue).stats()
+    return _wire(StatsOut, s)
+
+
+@router.get("/stats", response_model=list[StatsOut], tags=["manage"])
+async def stats(request: Request) -> list[StatsOut]:
+    """Every queue's counts (dq_stats); a token needs admin on every queue ("*")."""
+    authorize(request, "admin", None)
+    return [_wire(StatsOut, s) for s in await _client(request).stats()]

@@ -1,0 +1,258 @@
+"""pgdq serve: the JSON API over a real uvicorn server and a real database."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from pgdq import Queue
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """An HTTP server of pgdq in a child process (command, then --port), up once /openapi.json answers."""
+
+    def __init__(self, command: list[str], env: dict[str, str] | None = None) -> None:
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.process = subprocess.Popen([*command, "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.process.stderr.read() if self.process.stderr else ""
+            try:
+                if httpx.get(self.url + "/openapi.json", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise AssertionError(f"{command} did not start")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+def serve(database: str, *args: str) -> Server:
+    """`pgdq serve` on the test database."""
+    return Server([sys.executable, "-m", "pgdq", "serve", "--dsn", database, *args])
+
+
+@pytest.fixture(scope="module")
+def server(database: str) -> Iterator[Server]:
+    s = serve(database)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def api(server: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        yield client
+
+
+def test_offer_poll_ack(api: httpx.Client, queue_name: str, q: Queue) -> None:
+    r = api.post(f"/v1/queues/{queue_name}/messages", json={"key": "a", "payload": {"n": 1}})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"key": "a", "outcome": "created"}
+    again = api.post(f"/v1/queues/{queue_name}/messages", json={"key": "a", "payload": {"n": 1}, "can_update": False})
+    assert again.json()["outcome"] == "ignored"
+    r = api.post(f"/v1/queues/{queue_name}/poll", json={"max": 10, "lease": 30})
+    assert r.status_code == 200, r.text
+    (d,) = r.json()["deliveries"]
+    assert (d["key"], d["payload"], d["attempts"], d["channel"], d["priority"]) == ("a", {"n": 1}, 1, None, 0)
+    assert q.get("a").leased  # type: ignore[union-attr]
+    r = api.post(f"/v1/queues/{queue_name}/ack", json={"lock_tokens": [d["lock_token"]]})
+    assert r.json() == {"acked": 1}
+    assert q.get("a") is None
+    stale = api.post(f"/v1/queues/{queue_name}/ack", json={"lock_tokens": [d["lock_token"]]})
+    assert stale.status_code == 409 and "stale" in stale.json()["error"]
+
+
+def test_batch_delay_nack_extend_get_cancel(api: httpx.Client, queue_name: str, q: Queue) -> None:
+    base = f"/v1/queues/{queue_name}"
+    batch = [
+        {"key": "now", "payload": 1},
+        {"key": "later", "payload": 2, "delay": 3600},
+        {"key": "at", "payload": 3, "at": "2999-01-01T00:00:00Z", "channel": "c", "priority": 5},
+    ]
+    r = api.post(base + "/messages/batch", json={"messages": batch})
+    assert [x["outcome"] for x in r.json()["results"]] == ["created"] * 3, r.text
+    assert q.get("later").due_at > q.get("now").due_at  # type: ignore[union-attr]
+    got = api.get(base + "/messages/at").json()
+    assert (got["channel"], got["priority"], got["scheduled_at"][:4]) == ("c", 5, "2999")
+    (d,) = api.post(base + "/poll", json={"max": 5}).json()["deliveries"]
+    assert d["key"] == "now"
+    extended = api.post(base + "/extend", json={"lock_token": d["lock_token"], "lease": 600})
+    assert extended.status_code == 200 and extended.json()["lease_until"] > d["lease_until"]
+    r = api.post(base + "/nack", json={"lock_token": d["lock_token"], "retry_in": 0, "state": {"try": 1}, "error": "x"})
+    assert r.json() == {"done": True}
+    assert api.post(base + "/nack", json={"lock_token": d["lock_token"]}).status_code == 409
+    assert q.get("now").state == {"try": 1}  # type: ignore[union-attr]
+    assert api.delete(base + "/messages/later").json() == {"done": True}
+    assert api.delete(base + "/messages/later").status_code == 404
+    assert api.get(base + "/messages/later").status_code == 404
+    stats = api.get(base + "/stats").json()
+    assert (stats["ready"], stats["delayed"]) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "says"),
+    [
+        ("/messages", {"payload": 1}, "key: Field required"),
+        ("/messages", {"key": "k", "payload": 1, "delay": -1}, "delay"),
+        ("/messages", {"key": "k", "payload": 1, "at": "2030-01-01T00:00:00"}, "at: Input should have timezone"),
+        ("/messages", {"key": "k", "payload": 1, "delay": 1, "at": "2030-01-01T00:00:00Z"}, "not both"),
+        ("/messages", {"key": "k", "payload": 1, "at": "9999-12-31T23:00:00-05:00"}, "years 1 and 9999 in UTC"),
+        ("/messages", {"key": "k", "payload": 1, "surprise": 1}, "surprise: Extra inputs"),
+        ("/messages", {"key": "", "payload": 1}, "key"),  # the SQL's 22023
+        ("/messages/batch", {"messages": [{"key": "k", "payload": 1}, {"key": "", "payload": 2}]}, "key"),
+        ("/poll", {"max": 0}, "max"),
+        ("/poll", {"max": 1001}, "max: Input should be less than or equal to 1000"),
+        ("/poll", {"wait": 61}, "wait: Input should be less than or equal to 60"),
+        ("/messages", {"key": "k\u0000", "payload": 1}, "0x00"),  # PostgreSQL's own 22021
+        ("/ack", {"lock_tokens": ["not-a-uuid"]}, "lock_tokens.0"),
+    ],
+)
+def test_bad_input_is_400_and_writes_nothing(
+    api: httpx.Client, queue_name: str, q: Queue, path: str, body: dict[str, Any], says: str
+) -> None:
+    r = api.post(f"/v1/queues/{queue_name}{path}", json=body)
+    assert r.status_code == 400, r.text
+    assert says in r.json()["error"]
+    assert q.stats().ready + q.stats().delayed == 0
+
+
+def test_malformed_json_and_large_bodies(api: httpx.Client, queue_name: str) -> None:
+    r = api.post(
+        f"/v1/queues/{queue_name}/messages", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 400 and "JSON" in r.json()["error"]
+    big = {"key": "k", "payload": "x" * (1 << 20)}
+    r = api.post(f"/v1/queues/{queue_name}/messages", json=big)
+    assert r.status_code == 413 and "over 1048576 bytes" in r.json()["error"]
+
+
+def test_long_poll_wakes_on_an_offer_and_holds_no_connection(
+    api: httpx.Client, queue_name: str, q: Queue, database: str
+) -> None:
+    answer: dict[str, Any] = {}
+
+    def wait() -> None:
+        started = time.monotonic()
+        answer["r"] = api.post(f"/v1/queues/{queue_name}/poll", json={"wait": 20})
+        answer["took"] = time.monotonic() - started
+
+    waiting = threading.Thread(target=wait)
+    waiting.start()
+    time.sleep(1.0)
+    with psycopg.connect(database, autocommit=True) as c:
+        active = c.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND state = 'active' AND pid <> pg_backend_pid()"
+        ).fetchone()
+    assert active == (0,)  # waiting, the request runs no statement (LISTEN is idle)
+    q.offer("wake", {"hello": 1})
+    waiting.join(20)
+    assert answer["took"] < 10, answer
+    assert [d["key"] for d in answer["r"].json()["deliveries"]] == ["wake"]
+
+
+def test_long_poll_sleeps_until_the_next_due_time(api: httpx.Client, queue_name: str, q: Queue) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    q.offer("soon", 1, datetime.now(UTC) + timedelta(seconds=1.5))  # notifies now, due later
+    started = time.monotonic()
+    r = api.post(f"/v1/queues/{queue_name}/poll", json={"wait": 10})
+    took = time.monotonic() - started
+    assert [d["key"] for d in r.json()["deliveries"]] == ["soon"]
+    assert 1.0 < took < 5, took
+
+
+def test_long_poll_ends_empty_after_wait(api: httpx.Client, queue_name: str) -> None:
+    started = time.monotonic()
+    r = api.post(f"/v1/queues/{queue_name}/poll", json={"wait": 1})
+    assert r.json() == {"deliveries": []}
+    assert 0.9 < time.monotonic() - started < 5
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A tokens file with a producer of one queue and an admin; the secrets."""
+    path = tmp_path_factory.mktemp("tokens") / "tokens.json"
+    made = {}
+    for name, scopes, queues in (("shop", ["produce"], ["orders"]), ("ops", ["admin"], [])):
+        args = [sys.executable, "-m", "pgdq", "token", "new", str(path), "--name", name]
+        args += [f"--scope={s}" for s in scopes] + [f"--queue={q}" for q in queues]
+        made[name] = subprocess.run(args, check=True, capture_output=True, text=True).stdout.strip()
+    assert made["shop"] not in path.read_text()  # only digests are kept
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    return {"path": path, **made}
+
+
+@pytest.fixture(scope="module")
+def guarded(database: str, tokens: dict[str, Any]) -> Iterator[Server]:
+    s = serve(database, "--tokens", str(tokens["path"]))
+    yield s
+    s.stop()
+
+
+def test_tokens_scopes_and_queues(guarded: Server, tokens: dict[str, Any], database: str) -> None:
+    offer = {"key": "k", "payload": 1}
+    with httpx.Client(base_url=guarded.url) as client:
+
+        def as_(who: str | None) -> dict[str, str]:
+            return {"authorization": f"Bearer {tokens[who]}"} if who else {}
+
+        r = client.post("/v1/queues/orders/messages", json=offer)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert (
+            client.post("/v1/queues/orders/messages", json=offer, headers={"authorization": "Bearer nope"}).status_code
+            == 401
+        )
+        r = client.post("/v1/queues/mail/messages", json=offer, headers=as_("shop"))
+        assert r.status_code == 403 and "'shop' has no produce scope on queue 'mail'" in r.json()["error"]
+        assert client.post("/v1/queues/orders/poll", json={}, headers=as_("shop")).status_code == 403
+        assert client.get("/v1/stats", headers=as_("shop")).status_code == 403
+        assert client.post("/v1/queues/orders/messages", json=offer, headers=as_("shop")).status_code == 200
+        assert client.post("/v1/queues/orders/poll", json={}, headers=as_("ops")).status_code == 200
+        every = client.get("/v1/stats", headers=as_("ops"))
+        assert every.status_code == 200, every.text
+    with psycopg.connect(database, autocommit=True) as c:
+        c.execute("SELECT dq_purge('orders')")
+
+
+def test_serve_refuses_other_hosts_without_tokens(database: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pgdq", "serve", "--dsn", database, "--host", "0.0.0.0"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert "refusing to serve on 0.0.0.0 without --tokens" in done.stderr
+
+
+def test_database_down_is_503() -> None:
+    """pgdq.http:app under plain uvicorn, configured from the environment, its database not there."""
+    nowhere = f"host=127.0.0.1 port={_free_port()} dbname=x connect_timeout=1"
+    s = Server([sys.executable, "-m", "uvicorn", "pgdq.http:app"], env={**os.environ, "PGDQ_DSN": nowhere})
+    try:
+        r = httpx.post(s.url + "/v1/queues/q/messages", json={"key": "k", "payload": 1}, timeout=30)
+        assert r.status_code == 503 and r.headers["retry-after"] == "5", r.text
+        assert "unavailable" in r.json()["error"]
+    finally:
+        s.stop()
