@@ -256,3 +256,27 @@ def test_database_down_is_503() -> None:
         assert "unavailable" in r.json()["error"]
     finally:
         s.stop()
+
+
+def test_metrics(api: httpx.Client, queue_name: str, q: Queue) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    later = datetime.now(UTC) + timedelta(hours=1)
+    q.offer_many([("a", 1), ("b", 2), ("c", 3), ("d", 4), ("later", 5, later), ("later2", 6, later)])
+    assert api.post(f"/v1/queues/{queue_name}/poll", json={"max": 1}).status_code == 200
+    r = api.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    samples = {
+        (s.name, s.labels.get("queue"), s.labels.get("route"), s.labels.get("status")): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+    stats = q.stats()
+    assert samples[("pgdq_queue_ready", queue_name, None, None)] == stats.ready == 3
+    assert samples[("pgdq_queue_leased", queue_name, None, None)] == stats.leased == 1
+    assert samples[("pgdq_queue_delayed", queue_name, None, None)] == stats.delayed == 2
+    assert samples[("pgdq_queue_next_due_timestamp_seconds", queue_name, None, None)] == stats.next_due_at.timestamp()  # type: ignore[union-attr]
+    assert samples[("pgdq_queue_oldest_ready_age_seconds", queue_name, None, None)] >= 0
+    assert samples[("pgdq_http_requests_total", None, "/v1/queues/{queue}/poll", "200")] >= 1

@@ -167,7 +167,10 @@ def create_app(settings: Settings) -> FastAPI:
             await wakeups.stop()
             await pool.close()
 
-    from ._v1 import router  # noqa: PLC0415 (the routes import this module's helpers)
+    # the routes import this module's helpers, so they are imported here
+    from ._metrics import RequestMetrics  # noqa: PLC0415
+    from ._metrics import router as metrics_router  # noqa: PLC0415
+    from ._v1 import router  # noqa: PLC0415
 
     app = FastAPI(
         title="pgdq",
@@ -178,5 +181,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     _install_error_handlers(app)
     app.include_router(router)
+    app.include_router(metrics_router)
+    app.state.request_metrics = RequestMetrics()
+    app.middleware("http")(app.state.request_metrics.middleware)
     app.add_middleware(BodyLimit, max_body=settings.max_body)
     return app
