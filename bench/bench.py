@@ -30,6 +30,7 @@ import common
 import psycopg
 from channels import w8_channels
 from common import fresh_db, n, server_ms
+from over_http import w9_http
 from pgdq import AsyncDelivery, Queue, Worker
 from rich.console import Console
 from systems import QUEUE, SYSTEMS, System, lateness_times
@@ -371,6 +372,7 @@ WORKLOADS = {
     "W6": w6_soak,
     "W7": w7_spark,
     "W8": w8_channels,
+    "W9": w9_http,
 }
 
 

@@ -183,6 +183,6 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(router)
     app.include_router(metrics_router)
     app.state.request_metrics = RequestMetrics()
-    app.middleware("http")(app.state.request_metrics.middleware)
+    app.add_middleware(app.state.request_metrics.middleware)
     app.add_middleware(BodyLimit, max_body=settings.max_body)
     return app

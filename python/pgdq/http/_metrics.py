@@ -5,13 +5,14 @@ process's requests, waiting long polls and their latency."""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import AsyncClient
 from ..model import QueueStats
@@ -35,15 +36,30 @@ class RequestMetrics:
             registry=self.registry,
         )
 
-    async def middleware(self, request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        """Count and time every request that reached a route."""
-        started = time.perf_counter()
-        response = await call_next(request)
-        route = getattr(request.scope.get("route"), "path", None)
-        if route is not None:
-            self.seconds.labels(request.method, route).observe(time.perf_counter() - started)
-            self.requests.labels(request.method, route, str(response.status_code)).inc()
-        return response
+    def middleware(self, app: ASGIApp) -> ASGIApp:
+        """app, each HTTP request that reaches a route counted and timed (plain ASGI: no per-request task)."""
+
+        async def counted(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            started, status = time.perf_counter(), "500"
+
+            async def send_status(message: Message) -> None:
+                nonlocal status
+                if message["type"] == "http.response.start":
+                    status = str(message["status"])
+                await send(message)
+
+            try:
+                await app(scope, receive, send_status)
+            finally:
+                route = getattr(scope.get("route"), "path", None)
+                if route is not None:
+                    self.seconds.labels(scope["method"], route).observe(time.perf_counter() - started)
+                    self.requests.labels(scope["method"], route, status).inc()
+
+        return counted
 
 
 class _Families:
