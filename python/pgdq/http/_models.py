@@ -153,15 +153,6 @@ class MessageOut(BaseModel):
     priority: int
 
 
-class StatsOut(BaseModel):
-    queue: str
-    ready: int
-    delayed: int
-    leased: int
-    oldest_ready_at: datetime | None
-    next_due_at: datetime | None
-
-
 class Done(BaseModel):
     done: bool = True
 

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel
 
 from .. import AsyncClient, AsyncQueue
-from ..model import Message
+from ..model import Message, QueueStats
 from ._app import ApiError, authorize
 from ._models import (
     AckIn,
@@ -30,7 +30,6 @@ from ._models import (
     OfferOut,
     PollIn,
     PollOut,
-    StatsOut,
 )
 
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 413, 503)}
@@ -180,16 +179,15 @@ async def cancel(request: Request, queue: QueueName, key: KeyName) -> Done:
     return Done()
 
 
-@router.get("/queues/{queue}/stats", response_model=StatsOut, tags=["manage"])
-async def queue_stats(request: Request, queue: QueueName) -> StatsOut:
+@router.get("/queues/{queue}/stats", response_model=QueueStats, tags=["manage"])
+async def queue_stats(request: Request, queue: QueueName) -> QueueStats:
     """Ready, delayed and leased counts of a queue (dq_stats)."""
     authorize(request, "consume", queue)
-    s = await _queue(request, queue).stats()
-    return _wire(StatsOut, s)
+    return await _queue(request, queue).stats()
 
 
-@router.get("/stats", response_model=list[StatsOut], tags=["manage"])
-async def stats(request: Request) -> list[StatsOut]:
+@router.get("/stats", response_model=list[QueueStats], tags=["manage"])
+async def stats(request: Request) -> list[QueueStats]:
     """Every queue's counts (dq_stats); a token needs admin on every queue ("*")."""
     authorize(request, "admin", None)
-    return [_wire(StatsOut, s) for s in await _client(request).stats()]
+    return await _client(request).stats()
