@@ -1,7 +1,7 @@
 -- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
 -- defaults, security settings, the dq_delivery type, dq_now and dq_version.
 BEGIN;
-SELECT plan(94);
+SELECT plan(103);
 
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
@@ -133,6 +133,14 @@ INSERT INTO expected VALUES
     'dq_schedules',
     'queue text DEFAULT NULL::text',
     'TABLE(queue text, name text, expression text, timezone text, payload jsonb, max_missed integer, next_at timestamp with time zone, last_error text, last_error_at timestamp with time zone, failures integer)'  -- noqa: LT05
+),
+-- overviews for dashboards and pgdq serve's POST /command (1.1)
+('dq_due_hours', 'queue text, hours integer DEFAULT 24', 'TABLE(hour_start timestamp with time zone, due bigint)'),
+('dq_key_queues', 'key text', 'SETOF text'),
+(
+    'dq_dead_stats',
+    'queue text DEFAULT NULL::text',
+    'TABLE(queue text, dead bigint, last_failed_at timestamp with time zone)'
 );
 
 SELECT is(
@@ -221,7 +229,10 @@ FROM (
     ($$SELECT * FROM dq_get('t_inst', 'k')$$),
     ($$SELECT * FROM dq_stats()$$),
     ($$SELECT dq_cron_uninstall('t_inst', 'p')$$),
-    ($$SELECT dq_dead_letter(NULL)$$)
+    ($$SELECT dq_dead_letter(NULL)$$),
+    ($$SELECT * FROM dq_due_hours('t_inst')$$),
+    ($$SELECT * FROM dq_key_queues('k')$$),
+    ($$SELECT * FROM dq_dead_stats()$$)
 ) AS c (call);
 SELECT set_config('dq.now', '', TRUE);
 SELECT is(

@@ -3,7 +3,7 @@
 -- queue, and keep their index plans after thousands of calls (plpgsql may
 -- switch to generic plans after five).
 BEGIN;
-SELECT plan(24);
+SELECT plan(28);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 INSERT INTO dq_messages (queue, key, payload, scheduled_at, due_at, created_at)
@@ -83,6 +83,30 @@ SELECT cmp_ok(pg_temp.blocks($$SELECT * FROM dq_poll('t_deep')$$), '<=', 12, 'dq
 SELECT cmp_ok(pg_temp.blocks($$SELECT * FROM dq_poll_many('t_deep', 100)$$), '<=', 12, 'dq_poll_many still does');
 SELECT cmp_ok(pg_temp.blocks($$SELECT dq_next_due('t_deep')$$), '<=', 12, 'dq_next_due still does');
 SELECT is((SELECT count(*)::int FROM dq_poll_many('t_deep_other', 10)), 10, 'due messages are still found');
+
+-- the overviews read index ranges, never the whole table: a dashboard's
+-- chart costs the messages of its hours, a key's queues a probe per queue
+SELECT pg_temp.blocks($$SELECT * FROM dq_due_hours('t_warm', 1)$$) AS warm_up;
+SELECT cmp_ok(
+    pg_temp.blocks($$SELECT * FROM dq_due_hours('t_deep', 1)$$), '<=', 12,
+    'dq_due_hours with none of 100,000 messages in its hour reads a handful of pages'
+);
+CREATE TEMP TABLE overview_scans_before AS
+SELECT seq_scan FROM pg_stat_xact_user_tables
+WHERE relid = 'dq_messages'::regclass;
+SELECT is((SELECT sum(due)::int FROM dq_due_hours('t_deep', 24)), 35999, 'dq_due_hours counts 24 hours of t_deep');
+SELECT is(
+    (SELECT array_agg(q) FROM dq_key_queues('f2024-01-02 00:00:01+00') AS q), ARRAY['t_deep'],
+    'dq_key_queues finds the key''s queue'
+);
+SELECT is(
+    (
+        SELECT seq_scan FROM pg_stat_xact_user_tables
+        WHERE relid = 'dq_messages'::regclass
+    ),
+    (SELECT seq_scan FROM overview_scans_before),
+    'and neither scans dq_messages sequentially'
+);
 
 -- the hot-path helpers inline into the statements that call them: one that
 -- does not (say, IMMUTABLE over a STABLE operator) costs microseconds a call

@@ -1,6 +1,6 @@
 -- dq_cancel, dq_get, dq_purge, dq_stats, dq_next_due.
 BEGIN;
-SELECT plan(30);
+SELECT plan(41);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 -- empty queue
@@ -87,6 +87,54 @@ SELECT is(dq_purge('t_mng'), 0::bigint, 'purging an empty queue is 0');
 SELECT is((SELECT ready FROM dq_stats('t_mng2')), 1::bigint, 'other queues are untouched');
 SELECT throws_ok($$SELECT dq_purge(NULL)$$, '22004', 'pgdq: queue must not be NULL', 'dq_purge: NULL queue');
 SELECT throws_ok($$SELECT * FROM dq_stats('')$$, '22023', 'pgdq: queue must be 1 to 100 characters long, got 0', 'dq_stats: empty queue');
+
+-- dq_due_hours: messages per hour from now, a lease at its end, channels too
+SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
+SELECT dq_offer('t_hours', 'now', '1', '2024-01-01 10:00:00+00');  -- due now: not in any hour
+SELECT dq_offer('t_hours', 'h0', '1', '2024-01-01 10:30:00+00');
+SELECT dq_offer('t_hours', 'h2a', '1', '2024-01-01 12:00:00+00');
+SELECT dq_offer('t_hours', 'h2b', '1', '2024-01-01 12:59:00+00', channel => 'c');
+SELECT dq_offer('t_hours', 'h2c', '1', '2024-01-01 12:10:00+00', priority => 3);
+SELECT dq_offer('t_hours', 'h3', '1', '2024-01-01 13:00:00+00');  -- the fourth hour
+SELECT dq_offer('t_hours', 'next_day', '1', '2024-01-02 10:00:00+00');
+SELECT dq_offer('t_hours_other', 'h0', '1', '2024-01-01 10:30:00+00');
+SELECT is((SELECT key FROM dq_poll('t_hours', '90 minutes')), 'now', 'leased the due one for 90 minutes');
+SELECT results_eq(
+    $$SELECT hour_start, due FROM dq_due_hours('t_hours', 4)$$,
+    $$VALUES
+        ('2024-01-01 10:00:00+00'::timestamptz, 1::bigint),
+        ('2024-01-01 11:00:00+00', 1),
+        ('2024-01-01 12:00:00+00', 3),
+        ('2024-01-01 13:00:00+00', 1)$$,
+    'dq_due_hours: one row per hour from now, the lease at its end, grouped messages too'
+);
+SELECT is((SELECT sum(due)::int FROM dq_due_hours('t_hours')), 6, 'by default the next 24 hours');
+SELECT is((SELECT count(*)::int FROM dq_due_hours('t_empty_hours', 168)), 168, 'an empty queue has a row of 0 per hour');
+SELECT throws_ok(
+    $$SELECT * FROM dq_due_hours('t_hours', 169)$$, '22023', 'pgdq: hours must be 1 to 168, got 169', 'dq_due_hours: hours'
+);
+SELECT throws_ok(
+    $$SELECT * FROM dq_due_hours(NULL)$$, '22004', 'pgdq: queue must not be NULL', 'dq_due_hours: NULL queue'
+);
+
+-- dq_key_queues: every queue holding the key, by name
+SELECT results_eq(
+    $$SELECT * FROM dq_key_queues('h0')$$,
+    $$VALUES ('t_hours'::text), ('t_hours_other')$$,
+    'dq_key_queues names every queue with a message of the key'
+);
+SELECT is_empty($$SELECT * FROM dq_key_queues('nowhere')$$, 'and none for a key no queue has');
+SELECT throws_ok($$SELECT * FROM dq_key_queues(NULL)$$, '22004', 'pgdq: key must not be NULL', 'dq_key_queues: NULL key');
+
+-- dq_dead_stats: per queue with dead letters
+SELECT dq_offer('t_dead_stats', k, '1') FROM (VALUES ('a'), ('b'), ('c')) AS v (k);
+SELECT dq_dead_letter(lock_token, 'boom') FROM dq_poll_many('t_dead_stats', 2);
+SELECT results_eq(
+    $$SELECT * FROM dq_dead_stats()$$,
+    $$VALUES ('t_dead_stats'::text, 2::bigint, '2024-01-01 10:00:00+00'::timestamptz)$$,
+    'dq_dead_stats: one row per queue with dead letters'
+);
+SELECT is_empty($$SELECT * FROM dq_dead_stats('t_hours')$$, 'none for a queue without');
 
 SELECT * FROM finish();
 ROLLBACK;

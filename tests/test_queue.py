@@ -15,7 +15,7 @@ import pgdq
 import psycopg
 import pydantic
 import pytest
-from pgdq import Delivery, InvalidArgument, Message, NullArgument, OfferOutcome, Queue, QueueStats, StaleToken
+from pgdq import Client, Delivery, InvalidArgument, Message, NullArgument, OfferOutcome, Queue, QueueStats, StaleToken
 from pgdq.errors import PayloadDecodeError
 from psycopg_pool import ConnectionPool
 
@@ -150,6 +150,22 @@ def test_dead_letters_and_settings(q: Queue) -> None:
     assert [d.key for d in q.dead_letters()] == ["a"]
     q.configure(max_attempts=None)
     q.purge_dead_letters()
+
+
+def test_overviews(q: Queue, database: str) -> None:
+    q.offer_many([("now", 0), Message("soon", 1, future(60)), Message("later", 2, future(3 * 3600 + 60))])
+    hours = q.due_hours(4)
+    assert [h.due for h in hours] == [1, 0, 0, 1]
+    assert hours[1].hour_start - hours[0].hour_start == timedelta(hours=1)
+    (now,) = q.poll_many(1)
+    now.dead_letter("broken")
+    with Client(database) as client:
+        (dead,) = client.dead_stats(q.name)
+        assert (dead.queue, dead.dead) == (q.name, 1)
+        assert client.key_queues("soon") == [q.name]
+        assert client.key_queues("now") == [], "a dead letter is no live message"
+        with pytest.raises(InvalidArgument):
+            q.due_hours(0)
 
 
 def test_cancel_purge_next_due_version(q: Queue) -> None:

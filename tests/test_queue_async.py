@@ -15,6 +15,7 @@ import psycopg
 import pydantic
 import pytest
 from pgdq import (
+    AsyncClient,
     AsyncDelivery,
     AsyncQueue,
     InvalidArgument,
@@ -158,6 +159,22 @@ async def test_dead_letters_and_settings(aq: AsyncQueue) -> None:
     assert [d.key for d in await aq.dead_letters()] == ["a"]
     await aq.configure(max_attempts=None)
     await aq.purge_dead_letters()
+
+
+async def test_overviews(aq: AsyncQueue, database: str) -> None:
+    await aq.offer_many([("now", 0), Message("soon", 1, future(60)), Message("later", 2, future(3 * 3600 + 60))])
+    hours = await aq.due_hours(4)
+    assert [h.due for h in hours] == [1, 0, 0, 1]
+    assert hours[1].hour_start - hours[0].hour_start == timedelta(hours=1)
+    (now,) = await aq.poll_many(1)
+    await now.dead_letter("broken")
+    async with AsyncClient(database) as client:
+        (dead,) = await client.dead_stats(aq.name)
+        assert (dead.queue, dead.dead) == (aq.name, 1)
+        assert await client.key_queues("soon") == [aq.name]
+        assert await client.key_queues("now") == [], "a dead letter is no live message"
+        with pytest.raises(InvalidArgument):
+            await aq.due_hours(0)
 
 
 async def test_cancel_purge_next_due_version(aq: AsyncQueue) -> None:

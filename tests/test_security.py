@@ -165,6 +165,9 @@ CALLS = {
     "dq_channel_set": "SELECT dq_channel_set(%(q)s, 'partner', 2)",
     "dq_channel_remove": "SELECT dq_channel_remove(%(q)s, 'partner')",
     "dq_channels": "SELECT * FROM dq_channels(%(q)s)",
+    "dq_due_hours": "SELECT * FROM dq_due_hours(%(q)s)",
+    "dq_dead_stats": "SELECT * FROM dq_dead_stats()",
+    "dq_key_queues": "SELECT * FROM dq_key_queues('ready')",
 }
 
 
@@ -340,6 +343,9 @@ def test_another_tenants_queues_look_empty_and_stay_intact(isolated: str) -> Non
         assert rows(t, "SELECT * FROM dq_schedules(%s)", b) == []
         assert all(r[0].startswith("payroll/") for r in rows(t, "SELECT queue FROM dq_schedules()"))
         assert rows(t, "SELECT * FROM dq_peek(%s)", b) == []
+        assert rows(t, "SELECT * FROM dq_key_queues('ready')") == [], "no other tenant's queue names"
+        assert all(r[0].startswith("payroll/") for r in rows(t, "SELECT queue FROM dq_dead_stats()"))
+        assert sum(r[1] for r in rows(t, "SELECT * FROM dq_due_hours(%s)", b)) == 0
         assert not any(r[0] == b for r in rows(t, "SELECT queue FROM dq_read_messages(NULL, NULL, NULL)"))
         assert not any(r[0] == b for r in rows(t, "SELECT queue FROM dq_read_dead_letters(NULL, NULL, NULL)"))
         assert rows(t, "SELECT * FROM dq_read_bounds('messages', %s)", b) == [(None, None)]

@@ -16,6 +16,8 @@ from .install import install, uninstall
 from .model import (
     ChannelInfo,
     DeadLetter,
+    DeadLetterStats,
+    DueHour,
     Message,
     MessageInfo,
     OfferOutcome,
@@ -40,7 +42,9 @@ __all__ = [
     "Codec",
     "CronService",
     "DeadLetter",
+    "DeadLetterStats",
     "Delivery",
+    "DueHour",
     "HandlerTimeout",
     "InvalidArgument",
     "JsonCodec",

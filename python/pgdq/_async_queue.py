@@ -25,7 +25,9 @@ from .errors import PayloadDecodeError, StaleToken, translate
 from .model import (
     ChannelInfo,
     DeadLetter,
+    DeadLetterStats,
     DecodedPayload,
+    DueHour,
     Message,
     MessageInfo,
     OfferOutcome,
@@ -234,6 +236,16 @@ class AsyncClient(_AsyncBase):
         """Ready, delayed and leased counts of every queue (of queue, if given), by name (dq_stats)."""
         return [QueueStats(*row) for row in await self._rows("stats", (queue,), conn)]
 
+    async def dead_stats(
+        self, queue: str | None = None, *, conn: AsyncConnection[Any] | None = None
+    ) -> list[DeadLetterStats]:
+        """Dead-letter counts of every queue that has some (of queue, if given), by name (dq_dead_stats)."""
+        return [DeadLetterStats(*row) for row in await self._rows("dead_stats", (queue,), conn)]
+
+    async def key_queues(self, key: str, *, conn: AsyncConnection[Any] | None = None) -> list[str]:
+        """The queues holding a live message of key, by name (dq_key_queues)."""
+        return [row[0] for row in await self._rows("key_queues", (key,), conn)]
+
     async def schedules(self, queue: str | None = None, *, conn: AsyncConnection[Any] | None = None) -> list[Schedule]:
         """The schedules of every queue (of queue, if given) with their next occurrence (dq_schedules)."""
         return _schedules(self.codec, await self._rows("schedules", (queue,), conn))
@@ -397,6 +409,10 @@ class AsyncQueue(_AsyncBase):
         """Ready, delayed and leased counts of the queue (dq_stats)."""
         (found,) = await self._rows("stats", (self.name,), conn)
         return QueueStats(*found)
+
+    async def due_hours(self, hours: int = 24, *, conn: AsyncConnection[Any] | None = None) -> list[DueHour]:
+        """Messages falling due in each of the next hours hours, a leased one at its lease's end (dq_due_hours)."""
+        return [DueHour(*row) for row in await self._rows("due_hours", (self.name, hours), conn)]
 
     async def next_due(self, *, conn: AsyncConnection[Any] | None = None) -> datetime | None:
         """The earliest due time in the queue (leases by their end), or None."""

@@ -113,6 +113,23 @@ class QueueStats:
 
 
 @dataclass(frozen=True)
+class DueHour:
+    """One row of dq_due_hours: how many messages fall due in the hour from hour_start."""
+
+    hour_start: datetime
+    due: int
+
+
+@dataclass(frozen=True)
+class DeadLetterStats:
+    """One row of dq_dead_stats: a queue's dead letters and its latest failure."""
+
+    queue: str
+    dead: int
+    last_failed_at: datetime
+
+
+@dataclass(frozen=True)
 class ChannelInfo:
     """One row of dq_channels: a channel's limits, its messages by
     condition (a due message held back by a limit is ready) and its last lease."""

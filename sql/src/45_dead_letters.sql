@@ -113,6 +113,25 @@ BEGIN
 END
 $$;
 
+-- One row per queue with dead letters (or only queue's, if given): how many,
+-- and the latest failure.
+CREATE FUNCTION dq_dead_stats(queue text DEFAULT NULL) RETURNS TABLE (
+    queue text,
+    dead bigint,
+    last_failed_at timestamptz
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_dead_stats.queue) WHERE dq_dead_stats.queue IS NOT NULL;
+    SELECT d.queue::text, count(*), max(d.failed_at)
+    FROM @extschema@.dq_dead_letters AS d
+    WHERE dq_dead_stats.queue IS NULL OR d.queue = dq_dead_stats.queue
+    GROUP BY d.queue
+    ORDER BY 1;
+$$;
+
 -- Up to max_count of queue's dead letters, oldest failure first.
 CREATE FUNCTION dq_dead_list(queue text, max_count integer DEFAULT 100) RETURNS TABLE (
     queue text,

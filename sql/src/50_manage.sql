@@ -209,6 +209,85 @@ AS $$
     ORDER BY 1;
 $$;
 
+-- Messages falling due in each of the next hours hours (1 to 168) of queue:
+-- hour_start is now plus whole hours; a leased message counts at its lease's
+-- end, when it would be delivered again. Two index range scans (the poll
+-- indexes), so a dashboard's chart costs the messages of those hours only.
+CREATE FUNCTION dq_due_hours(queue text, hours integer DEFAULT 24) RETURNS TABLE (
+    hour_start timestamptz,
+    due bigint
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_due_hours.queue);
+    SELECT @extschema@.dq__check_between(dq_due_hours.hours, 'hours', 1, 168);
+    WITH now_at AS (SELECT @extschema@.dq_now() AS now_at),
+
+    due AS (
+        -- the predicates of the two partial poll indexes, spelled as theirs
+        SELECT m.due_at
+        FROM @extschema@.dq_messages AS m
+        CROSS JOIN now_at AS n
+        WHERE
+            m.queue = dq_due_hours.queue AND m.channel = '' AND m.priority = 0
+            AND m.due_at > n.now_at AND m.due_at < n.now_at + make_interval(hours => dq_due_hours.hours)
+        UNION ALL
+        SELECT m.due_at
+        FROM @extschema@.dq_messages AS m
+        CROSS JOIN now_at AS n
+        WHERE
+            m.queue = dq_due_hours.queue AND (m.channel <> '' OR m.priority <> 0)
+            AND m.due_at > n.now_at AND m.due_at < n.now_at + make_interval(hours => dq_due_hours.hours)
+    ),
+
+    counted AS (
+        SELECT date_bin('1 hour', d.due_at, n.now_at) AS hour_start, count(*) AS due
+        FROM due AS d
+        CROSS JOIN now_at AS n
+        GROUP BY 1
+    )
+
+    SELECT h.hour_start, coalesce(c.due, 0)
+    FROM now_at AS n
+    CROSS JOIN LATERAL generate_series(
+        n.now_at, n.now_at + make_interval(hours => dq_due_hours.hours - 1), interval '1 hour'
+    ) AS h (hour_start)
+    LEFT JOIN counted AS c ON h.hour_start = c.hour_start
+    ORDER BY h.hour_start;
+$$;
+
+-- The queues holding a live message of key, by name: one index probe per
+-- queue with messages (a loose scan of (queue, key)), for protocols whose
+-- ids name no queue (pgdq serve's POST /command).
+CREATE FUNCTION dq_key_queues(key text) RETURNS SETOF text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_key(dq_key_queues.key, 'key');
+    WITH RECURSIVE queues (queue) AS (
+        (SELECT m.queue FROM @extschema@.dq_messages AS m ORDER BY m.queue LIMIT 1)
+        UNION ALL
+        SELECT (
+            SELECT m.queue FROM @extschema@.dq_messages AS m
+            WHERE m.queue > q.queue
+            ORDER BY m.queue LIMIT 1
+        )
+        FROM queues AS q
+        WHERE q.queue IS NOT NULL
+    )
+
+    SELECT q.queue::text
+    FROM queues AS q
+    WHERE EXISTS (
+        SELECT FROM @extschema@.dq_messages AS m
+        WHERE m.queue = q.queue AND m.key = dq_key_queues.key
+    )
+    ORDER BY 1;
+$$;
+
 -- The earliest due time in queue (leases by their end); NULL when empty.
 -- With channels: the earliest time a message could be eligible.
 CREATE FUNCTION dq_next_due(queue text) RETURNS timestamptz
