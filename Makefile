@@ -2,6 +2,8 @@
 #   make demo         set everything up and run the demo on a throwaway cluster
 #                     (DEMO_DSN=… [DEMO_YES=1]: on a database of yours, after asking)
 #   make test         set everything up and run every test (non-zero on failure)
+#   make serve-demo   pgdq serve on the demo cluster, busy demo queues: prints the dashboard's address
+#                     (SERVE_ARGS='--port 9000'; default 8080)
 #   make install      PGXS: install the extension (then CREATE EXTENSION pgdq)
 #   make installcheck PGXS: pgTAP suite against the server named by PG* vars
 #   make sql          plain install script (SCHEMA=public) for managed servers
@@ -35,7 +37,7 @@ PY := $(VENV)/bin/python
 $(DATA_built): python/pgdq/_script.py $(SQL_SOURCES)
 	python3 python/pgdq/_script.py --extension > $@.tmp && mv $@.tmp $@
 
-.PHONY: sql deps venv demo test lint installcheck pytest cluster-stop sync-code bench spark-demo
+.PHONY: sql deps venv demo test lint installcheck pytest cluster-stop sync-code bench spark-demo serve-demo
 
 # The plain install script, for servers where extensions cannot be added.
 sql:
@@ -69,6 +71,9 @@ test: deps venv
 
 demo: deps venv
 	scripts/demo.sh
+
+serve-demo: deps venv
+	scripts/demo.sh examples/serve_demo.py $(SERVE_ARGS)
 
 spark-demo: deps venv
 	scripts/demo.sh examples/spark_reminders.py $(SPARK_ARGS)

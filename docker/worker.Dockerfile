@@ -1,4 +1,5 @@
 # A pgdq worker: `pgdq worker` consuming a queue with a handler function.
+# With the http extra, the same image runs `pgdq serve` (docker/compose.yaml's http service).
 # Build from the repo root: docker build -f docker/worker.Dockerfile -t pgdq-worker .
 # Run: docker run -e DATABASE_URL=postgresql://... pgdq-worker [--queue Q --handler module:function ...]
 # The database comes from PGDQ_DSN or DATABASE_URL (else the PG* variables).
@@ -12,7 +13,7 @@ WORKDIR /app
 # python/pgdq/sql and python/pgdq/upgrades are symlinks into sql/: copy all of it
 COPY sql /app/sql
 COPY python /app/python
-RUN pip install --no-cache-dir /app/python \
+RUN pip install --no-cache-dir "/app/python[http]" \
     && useradd --system --no-create-home --uid 10001 pgdq
 COPY examples /app/examples
 

@@ -13,6 +13,7 @@ cd "$(dirname "$0")/.."
 example=${1:-examples/demo.py}
 case "$example" in
   *spark_reminders.py) queue=pgdq_demo_reminders ;; # the examples' own queues: names no one else uses
+  *serve_demo.py) queue="pgdq_demo_orders, pgdq_demo_webhooks, pgdq_demo_reports" ;;
   *) queue=pgdq_demo ;;
 esac
 
@@ -26,7 +27,7 @@ unset DATABASE_URL PGDQ_DSN PGDQ_SCHEMA
 confirm() {
   local shown=$1 answer
   echo "The demo will install pgdq (if missing) into schema public of $shown"
-  echo "and purge that database's queue '$queue' (its messages are deleted)."
+  echo "and purge that database's queues $queue (their messages are deleted)."
   [ "${DEMO_YES:-}" = 1 ] && return 0
   if [ ! -t 0 ]; then
     echo "demo: no terminal to ask on; run with DEMO_YES=1 to go ahead" >&2
@@ -70,6 +71,7 @@ Next steps, from this directory (then every snippet of README.md runs as shown):
   psql "\$DATABASE_URL" -c 'SELECT * FROM dq_stats()'     # the SQL API
   python -c 'import os; from pgdq import Queue; print(Queue("orders", os.environ["DATABASE_URL"]).offer("hello", {"hi": 1}).value)'
   (cd examples && pgdq worker --queue orders --handler tasks:log_delivery)   # logs each delivery; Ctrl-C stops it
+  make serve-demo                                          # the queue over HTTP: prints the dashboard's address
 STEPS
 if [ -z "${DEMO_DSN:-}" ]; then
   echo "The demo cluster keeps running; stop it with: scripts/pgcluster.sh stop demo (or make cluster-stop)"

@@ -11,8 +11,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
+from http_server import Server, serve
 from pgdq import AsyncQueue, Queue
 from psycopg import sql
 
@@ -110,3 +112,18 @@ def q(database: str, queue_name: str) -> Iterator[Queue]:
     tests/test_*_async.py) ask for."""
     with Queue(queue_name, database) as queue:
         yield queue
+
+
+@pytest.fixture(scope="module")
+def server(database: str) -> Iterator[Server]:
+    """A `pgdq serve` on the test database, one per test module."""
+    s = serve(database)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def api(server: Server) -> Iterator[httpx.Client]:
+    """An HTTP client of the module's server."""
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        yield client

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -14,53 +13,8 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from http_server import Server, free_port, make_tokens, serve
 from pgdq import Queue
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    """An HTTP server of pgdq in a child process (command, then --port), up once /openapi.json answers."""
-
-    def __init__(self, command: list[str], env: dict[str, str] | None = None) -> None:
-        port = _free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.process = subprocess.Popen([*command, "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.process.stderr.read() if self.process.stderr else ""
-            try:
-                if httpx.get(self.url + "/openapi.json", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.1)
-        raise AssertionError(f"{command} did not start")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(10)
-
-
-def serve(database: str, *args: str) -> Server:
-    """`pgdq serve` on the test database."""
-    return Server([sys.executable, "-m", "pgdq", "serve", "--dsn", database, *args])
-
-
-@pytest.fixture(scope="module")
-def server(database: str) -> Iterator[Server]:
-    s = serve(database)
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def api(server: Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30) as client:
-        yield client
 
 
 def test_offer_poll_ack(api: httpx.Client, queue_name: str, q: Queue) -> None:
@@ -192,11 +146,7 @@ def test_long_poll_ends_empty_after_wait(api: httpx.Client, queue_name: str) -> 
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A tokens file with a producer of one queue and an admin; the secrets."""
     path = tmp_path_factory.mktemp("tokens") / "tokens.json"
-    made = {}
-    for name, scopes, queues in (("shop", ["produce"], ["orders"]), ("ops", ["admin"], [])):
-        args = [sys.executable, "-m", "pgdq", "token", "new", str(path), "--name", name]
-        args += [f"--scope={s}" for s in scopes] + [f"--queue={q}" for q in queues]
-        made[name] = subprocess.run(args, check=True, capture_output=True, text=True).stdout.strip()
+    made = make_tokens(path, {"shop": (["produce"], ["orders"]), "ops": (["admin"], [])})
     assert made["shop"] not in path.read_text()  # only digests are kept
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     return {"path": path, **made}
@@ -248,7 +198,7 @@ def test_serve_refuses_other_hosts_without_tokens(database: str) -> None:
 
 def test_database_down_is_503() -> None:
     """pgdq.http:app under plain uvicorn, configured from the environment, its database not there."""
-    nowhere = f"host=127.0.0.1 port={_free_port()} dbname=x connect_timeout=1"
+    nowhere = f"host=127.0.0.1 port={free_port()} dbname=x connect_timeout=1"
     s = Server([sys.executable, "-m", "uvicorn", "pgdq.http:app"], env={**os.environ, "PGDQ_DSN": nowhere})
     try:
         r = httpx.post(s.url + "/v1/queues/q/messages", json={"key": "k", "payload": 1}, timeout=30)
@@ -258,7 +208,7 @@ def test_database_down_is_503() -> None:
         s.stop()
 
 
-def test_metrics(api: httpx.Client, queue_name: str, q: Queue) -> None:
+def test_metrics(api: httpx.Client, queue_name: str, q: Queue, database: str) -> None:
     from datetime import UTC, datetime, timedelta
 
     from prometheus_client.parser import text_string_to_metric_families
@@ -266,6 +216,11 @@ def test_metrics(api: httpx.Client, queue_name: str, q: Queue) -> None:
     later = datetime.now(UTC) + timedelta(hours=1)
     q.offer_many([("a", 1), ("b", 2), ("c", 3), ("d", 4), ("later", 5, later), ("later2", 6, later)])
     assert api.post(f"/v1/queues/{queue_name}/poll", json={"max": 1}).status_code == 200
+    for d in q.poll_many(2):
+        d.dead_letter("broken")
+    only_dead = Queue(queue_name + "_only_dead", database)
+    only_dead.offer("x", 1)
+    only_dead.poll_many(1)[0].dead_letter("broken")
     r = api.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     samples = {
@@ -274,7 +229,11 @@ def test_metrics(api: httpx.Client, queue_name: str, q: Queue) -> None:
         for s in family.samples
     }
     stats = q.stats()
-    assert samples[("pgdq_queue_ready", queue_name, None, None)] == stats.ready == 3
+    assert samples[("pgdq_queue_ready", queue_name, None, None)] == stats.ready == 1
+    assert samples[("pgdq_queue_dead_letters", queue_name, None, None)] == 2
+    assert samples[("pgdq_queue_dead_letters", queue_name + "_only_dead", None, None)] == 1, (
+        "a queue of dead letters only"
+    )
     assert samples[("pgdq_queue_leased", queue_name, None, None)] == stats.leased == 1
     assert samples[("pgdq_queue_delayed", queue_name, None, None)] == stats.delayed == 2
     assert samples[("pgdq_queue_next_due_timestamp_seconds", queue_name, None, None)] == stats.next_due_at.timestamp()  # type: ignore[union-attr]

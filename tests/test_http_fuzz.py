@@ -10,12 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 import schemathesis
+from http_server import Server, serve
 from hypothesis import HealthCheck, given, settings
 from pgdq.http import Settings, create_app
 from pgdq.http._models import MAX_WAIT
 from schemathesis import GenerationMode
 from schemathesis.checks import positive_data_acceptance
-from test_http import Server, serve
 
 SCHEMA = schemathesis.openapi.from_dict(create_app(Settings(dsn="")).openapi())
 OPERATIONS = {op.label: op for op in (result.ok() for result in SCHEMA.get_all_operations())}

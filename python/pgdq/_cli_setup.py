@@ -10,13 +10,14 @@ import sys
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import psycopg
 
 from . import __version__
 from ._cli_base import (
+    BadInput,
     CannotConnect,
     _connect,
     _emit,
@@ -28,6 +29,9 @@ from ._cli_base import (
     schema_option,
 )
 from .errors import PgdqError
+
+if TYPE_CHECKING:
+    from ._worker_metrics import WorkerMetrics
 from .install import install as install_sql
 from .install import installed_version
 from .install import uninstall as uninstall_sql
@@ -154,6 +158,18 @@ def _configure_logging(level: str, as_json: bool) -> None:
     logging.basicConfig(level=level, handlers=[stream])
 
 
+def _worker_metrics(queues: tuple[str, ...], port: int | None, host: str) -> WorkerMetrics | None:
+    """The worker's metrics server on host:port, or None without a port; BadInput if it cannot start."""
+    if port is None:
+        return None
+    from ._worker_metrics import WorkerMetrics
+
+    try:
+        return WorkerMetrics(queues, port, host)
+    except (RuntimeError, OSError) as e:
+        raise BadInput(f"--metrics-port {port}: {e}") from e
+
+
 @click.command()
 @dsn_option
 @schema_option
@@ -173,6 +189,22 @@ def _configure_logging(level: str, as_json: bool) -> None:
 @click.option(
     "--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="serve Prometheus metrics (outcomes, handler durations) on this port (needs the http extra)",
+)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="address of the metrics port")
+@click.option(
+    "--listen-dsn", help="LISTEN for wake-ups here, straight to the server (behind PgBouncer); default: --dsn"
+)
+@click.option(
+    "--no-prepared-statements",
+    "prepared_statements",
+    flag_value=False,
+    default=True,
+    help="prepare nothing server-side (PgBouncer before 1.21 in transaction mode)",
+)
 def worker(
     dsn: str | None,
     schema: str,
@@ -185,6 +217,10 @@ def worker(
     grace: float,
     timeout: float | None,
     log_level: str,
+    metrics_port: int | None,
+    metrics_host: str,
+    listen_dsn: str | None,
+    prepared_statements: bool,
 ) -> None:
     """Consume queues with a handler until SIGTERM / SIGINT (exit 0 when clean).
     Logs go to stderr: `time LEVEL logger: message` lines, or JSON with --json."""
@@ -193,6 +229,7 @@ def worker(
     fn = _import_handler(handler_spec)
     _check_worker_database(dsn, schema)
     _configure_logging(log_level, as_json)
+    metrics = _worker_metrics(queues, metrics_port, metrics_host)
     runner = Worker(
         {queue: fn for queue in queues},
         dsn=dsn or os.environ.get("DATABASE_URL", ""),
@@ -202,11 +239,17 @@ def worker(
         max_attempts=max_attempts,
         grace=timedelta(seconds=grace),
         timeout=None if timeout is None else timedelta(seconds=timeout),
+        metrics=metrics,
+        listen_dsn=listen_dsn,
+        prepared_statements=prepared_statements,
     )
     try:
         code = runner.run()
     except (PgdqError, psycopg.Error) as e:  # not a lost connection: those are retried
         raise click.ClickException(f"the worker stopped: {_reason(e)}") from e
+    finally:
+        if metrics is not None:
+            metrics.close()
     if any(t.name.startswith("pgdq-handler") and t.is_alive() for t in threading.enumerate()):
         # a sync handler still running past the grace period was handed back;
         # do not wait for its thread

@@ -7,6 +7,7 @@ import contextvars
 import inspect
 import logging
 import threading
+import time
 import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
@@ -22,8 +23,10 @@ log = logging.getLogger("pgdq.worker.delivery")
 
 T = TypeVar("T")
 # what became of a delivery: acked; retried at the handler's request; failed
-# (retried with backoff or dead-lettered); its outcome no longer ours to write
-Outcome = Literal["handled", "retried", "failed", "lost"]
+# and retried after the backoff; dead-lettered (attempts used up, or its
+# payload undecodable); its outcome no longer ours to write
+Outcome = Literal["handled", "retried", "failed", "dead_lettered", "lost"]
+OUTCOMES: tuple[Outcome, ...] = ("handled", "retried", "failed", "dead_lettered", "lost")
 Settle = Callable[[], Awaitable[bool]]
 
 
@@ -37,6 +40,7 @@ class Running:
     lost: threading.Event = field(default_factory=threading.Event)  # lease_lost(): lease lost or timed out
     ours: bool = True  # the outcome is ours to write: not once the lease was lost or handed back
     task: asyncio.Task[Any] | None = None  # the async handler's task
+    seconds: float | None = None  # how long the handler ran (None: it did not run)
 
     def give_up(self) -> None:
         """The outcome is no longer ours: lease_lost() turns true, an async handler is cancelled."""
@@ -62,12 +66,14 @@ async def deliver(run: Running) -> Outcome:
     undecodable payload goes to the dead letters without a handler."""
     d = run.delivery
     if d.decode_error is not None:
-        bury = _bury(run, d.decode_error, f"its payload cannot be decoded: {describe(d.decode_error)}")
-        return await _settle(run, bury, "failed")
+        return await _settle(
+            run, *_bury(run, d.decode_error, f"its payload cannot be decoded: {describe(d.decode_error)}")
+        )
     heartbeat = asyncio.create_task(_heartbeat(run))
     _current.set(run)
     settle: Settle
     outcome: Outcome
+    started = time.perf_counter()
     try:
         await _call(run)
         log.debug("%s/%s handled (attempt %d)", d.queue, d.key, d.attempts)
@@ -77,11 +83,12 @@ async def deliver(run: Running) -> Outcome:
             raise
         return "lost"
     except Retry as retry:
-        settle, outcome = _retry(run, retry), "retried"
+        settle, outcome = _retry(run, retry)
     except Exception as error:  # HandlerTimeout included
-        settle, outcome = _fail(run, error), "failed"
+        settle, outcome = _fail(run, error)
     finally:
         heartbeat.cancel()
+        run.seconds = time.perf_counter() - started
     return await _settle(run, settle, outcome)
 
 
@@ -115,7 +122,7 @@ async def _settle(run: Running, settle: Settle, outcome: Outcome) -> Outcome:
     return outcome
 
 
-def _retry(run: Running, retry: Retry) -> Settle:
+def _retry(run: Running, retry: Retry) -> tuple[Settle, Outcome]:
     """The handler raised Retry: nack it for retry.at (else the backoff's time)
     with its state, or dead-letter it once max_attempts are used up."""
     d = run.delivery
@@ -123,10 +130,10 @@ def _retry(run: Running, retry: Retry) -> Settle:
     if at is None:
         return _bury(run, f"Retry requested after {d.attempts} attempts", "Retry requested")
     log.debug("%s/%s: retry requested; next try at %s", d.queue, d.key, at.isoformat(timespec="seconds"))
-    return partial(run.queue.nack, d.lock_token, at, retry.state)
+    return partial(run.queue.nack, d.lock_token, at, retry.state), "retried"
 
 
-def _fail(run: Running, error: Exception) -> Settle:
+def _fail(run: Running, error: Exception) -> tuple[Settle, Outcome]:
     """The handler failed: nack it for after the backoff, the error kept with
     the message, or dead-letter it once max_attempts are used up."""
     d = run.delivery
@@ -142,15 +149,15 @@ def _fail(run: Running, error: Exception) -> Settle:
         describe(error),
         at.isoformat(timespec="seconds"),
     )
-    return partial(run.queue.nack, d.lock_token, at, error=error_text(error))
+    return partial(run.queue.nack, d.lock_token, at, error=error_text(error)), "failed"
 
 
-def _bury(run: Running, error: BaseException | str, why: str) -> Settle:
+def _bury(run: Running, error: BaseException | str, why: str) -> tuple[Settle, Outcome]:
     """Dead-letter the delivery with error (an exception: its traceback), saying why."""
     d = run.delivery
     log.warning("%s/%s dead-lettered (attempt %d of %d): %s", d.queue, d.key, d.attempts, run.policy.max_attempts, why)
     text = error if isinstance(error, str) else error_text(error)
-    return partial(run.queue.dead_letter, d.lock_token, text)
+    return partial(run.queue.dead_letter, d.lock_token, text), "dead_lettered"
 
 
 async def _heartbeat(run: Running) -> None:

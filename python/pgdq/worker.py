@@ -42,12 +42,13 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from ._async_queue import AsyncDelivery, AsyncQueue
-from ._delivery import Outcome, Running, deliver, lease_lost
+from ._delivery import OUTCOMES, Outcome, Running, deliver, lease_lost
 from ._reconnect import DATABASE_ERRORS, RetryDelays, describe, is_transient, retrying
+from ._worker_metrics import OutcomeRecorder, WorkerMetrics
 from .codec import Codec
 from .retry import Backoff, Handler, HandlerTimeout, Policy, Retry, Route, handler, resolve, route_missing
 
-__all__ = ["Backoff", "Handler", "HandlerTimeout", "Retry", "Route", "Worker", "handler", "lease_lost"]
+__all__ = ["Backoff", "Handler", "HandlerTimeout", "Retry", "Route", "Worker", "WorkerMetrics", "handler", "lease_lost"]
 
 log = logging.getLogger("pgdq.worker")
 T = TypeVar("T")
@@ -73,6 +74,13 @@ class Worker:
 
     report_every (an attribute, default a minute) is how often a waiting
     worker logs that it waits, with what it handled since the last such line.
+    metrics (e.g. WorkerMetrics, what `pgdq worker --metrics-port` uses) is
+    told each delivery's outcome and its handler's duration.
+
+    Behind PgBouncer in transaction pooling mode: listen_dsn goes straight
+    to the server (LISTEN needs a session of its own; default: dsn), and
+    prepared_statements=False keeps the pool's connections from preparing
+    statements server-side (PgBouncer before 1.21 cannot keep them).
     """
 
     def __init__(
@@ -91,6 +99,9 @@ class Worker:
         codec: Codec | None = None,
         payload_type: type[Any] | None = None,
         timeout: timedelta | None = None,
+        metrics: OutcomeRecorder | None = None,
+        listen_dsn: str | None = None,
+        prepared_statements: bool = True,
     ) -> None:
         if isinstance(queues, str):
             if handler is None:
@@ -99,11 +110,14 @@ class Worker:
         if not queues or concurrency < 1 or max_attempts < 1:
             raise ValueError("a worker needs at least one queue, concurrency >= 1 and max_attempts >= 1")
         self.dsn = dsn
+        self.listen_dsn = listen_dsn or dsn
+        self.prepared_statements = prepared_statements
         self.schema = schema
         self.concurrency = concurrency
         self.grace = grace
         self.idle_cap = idle_cap
         self.report_every = timedelta(minutes=1)
+        self.metrics = metrics
         defaults = Policy(route_missing, lease, max_attempts, backoff or Backoff(), timeout)
         self.routes = {name: resolve(r, defaults) for name, r in queues.items()}
         self._queue_args: dict[str, Any] = {"schema": schema, "codec": codec, "payload_type": payload_type}
@@ -135,7 +149,7 @@ class Worker:
             self.dsn,
             min_size=1,
             max_size=min(self.concurrency, 16) + 2,  # polls, heartbeats and acks are short
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, **({} if self.prepared_statements else {"prepare_threshold": None})},
             check=AsyncConnectionPool.check_connection,
             open=False,
             name="pgdq-worker",
@@ -269,7 +283,7 @@ class Worker:
     async def _listen_once(self, delays: RetryDelays) -> None:
         """Connect and LISTEN (a success for delays); wake the fetch loop for
         each notification about our queues; raise when the connection ends."""
-        async with await AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+        async with await AsyncConnection.connect(self.listen_dsn, autocommit=True) as conn:
             await conn.execute("LISTEN dq_wakeup")
             delays.succeeded()
             self._wake.set()  # anything offered while we were not listening
@@ -289,15 +303,17 @@ class Worker:
 
     def _finished(self, task: asyncio.Task[Outcome]) -> None:
         """A delivery's task ended: free its slot, wake the fetch loop, count its outcome."""
-        self._running.pop(task, None)
+        run = self._running.pop(task, None)
         self._wake.set()
-        if task.cancelled():
+        if task.cancelled() or run is None:
             return
         if (error := task.exception()) is not None:
             log.error("internal error", exc_info=error)
             return
         self._since_report[task.result()] += 1
         self._since_start[task.result()] += 1
+        if self.metrics is not None:
+            self.metrics.record(run.delivery.queue, task.result(), run.seconds)
 
     async def _drain(self) -> None:
         """Shutdown: wait up to grace for running handlers, then hand the rest
@@ -373,6 +389,6 @@ def _settings(policy: Policy) -> str:
 
 
 def _counted(outcomes: Counter[str]) -> str:
-    """Outcome counts in words: handled and failed always, retried and lost when any."""
-    shown = [k for k in ("handled", "retried", "failed", "lost") if outcomes[k] or k in ("handled", "failed")]
-    return ", ".join(f"{outcomes[k]} {k}" for k in shown)
+    """Outcome counts in words: handled and failed always, the others when any."""
+    shown = [k for k in OUTCOMES if outcomes[k] or k in ("handled", "failed")]
+    return ", ".join(f"{outcomes[k]} {k.replace('_', '-')}" for k in shown)

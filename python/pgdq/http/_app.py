@@ -13,6 +13,7 @@ import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from starlette.exceptions import HTTPException
 
@@ -43,11 +44,18 @@ class ApiError(Exception):
         self.status, self.message, self.headers = status, message, headers
 
 
+# The classic protocol's one route: its failures keep that protocol's shape.
+CLASSIC_PATH = "/command"
+
+
 def _error(
-    status: int, message: str, sqlstate: str | None = None, headers: Mapping[str, str] | None = None
+    path: str, status: int, message: str, sqlstate: str | None = None, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
+    """A failure answer: {"error", "sqlstate"?}, or on CLASSIC_PATH {"success": false, "error", ...}."""
     body: dict[str, Any] = {"error": message}
-    if sqlstate is not None:
+    if path == CLASSIC_PATH:
+        body = {"success": False, "error": message, "id": None, "value": None}
+    elif sqlstate is not None:
         body["sqlstate"] = sqlstate
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -65,47 +73,58 @@ def _install_error_handlers(app: FastAPI) -> None:
     """Every failure as {"error": ...}: 400 bad input, 503 database down, never a bare 500."""
 
     @app.exception_handler(ApiError)
-    async def api_error(_: Request, e: ApiError) -> JSONResponse:
-        return _error(e.status, e.message, headers=e.headers)
+    async def api_error(request: Request, e: ApiError) -> JSONResponse:
+        return _error(request.url.path, e.status, e.message, headers=e.headers)
 
     @app.exception_handler(HTTPException)
-    async def framework_error(_: Request, e: HTTPException) -> JSONResponse:
+    async def framework_error(request: Request, e: HTTPException) -> JSONResponse:
         # the framework's own answers: no such route (404), a wrong method (405), an unreadable body (400)
-        return _error(e.status_code, str(e.detail), headers=e.headers)
+        return _error(request.url.path, e.status_code, str(e.detail), headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_body(_: Request, e: RequestValidationError) -> JSONResponse:
-        return _error(400, _validation_message(e))
+    async def invalid_body(request: Request, e: RequestValidationError) -> JSONResponse:
+        return _error(request.url.path, 400, _validation_message(e))
 
     @app.exception_handler(InvalidArgument)
-    async def invalid_argument(_: Request, e: InvalidArgument) -> JSONResponse:
-        return _error(400, str(e), e.sqlstate)
+    async def invalid_argument(request: Request, e: InvalidArgument) -> JSONResponse:
+        return _error(request.url.path, 400, str(e), e.sqlstate)
 
     @app.exception_handler(psycopg.DataError)
-    async def invalid_data(_: Request, e: psycopg.DataError) -> JSONResponse:
+    async def invalid_data(request: Request, e: psycopg.DataError) -> JSONResponse:
         # SQLSTATE class 22 from PostgreSQL itself, e.g. a NUL character in a text or a JSON string
-        return _error(400, e.diag.message_primary or str(e), e.sqlstate)
+        return _error(request.url.path, 400, e.diag.message_primary or str(e), e.sqlstate)
 
     @app.exception_handler(PoolTimeout)
     @app.exception_handler(psycopg.OperationalError)
-    async def database_down(_: Request, e: Exception) -> JSONResponse:
+    async def database_down(request: Request, e: Exception) -> JSONResponse:
         log.warning("database unavailable: %s", e)
-        return _error(503, "the database is unavailable; try again", headers={"Retry-After": "5"})
+        return _error(request.url.path, 503, "the database is unavailable; try again", headers={"Retry-After": "5"})
 
     @app.exception_handler(PgdqError)
     @app.exception_handler(psycopg.Error)
-    async def database_error(_: Request, e: Exception) -> JSONResponse:
+    async def database_error(request: Request, e: Exception) -> JSONResponse:
         log.error("database error: %s", e)
-        return _error(500, "the database refused the request", getattr(e, "sqlstate", None))
+        return _error(request.url.path, 500, "the database refused the request", getattr(e, "sqlstate", None))
+
+
+# The dashboard's cookie: the token a person gave the login form (HttpOnly, SameSite=Strict).
+TOKEN_COOKIE = "pgdq_token"
+
+
+def presented_token(request: Request) -> Token | None:
+    """The token of the request's bearer header (else the dashboard's cookie); None if none is valid."""
+    tokens: list[Token] = request.app.state.settings.tokens or []
+    scheme, _, secret = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        secret = request.cookies.get(TOKEN_COOKIE, "")
+    return find_token(tokens, secret.strip()) if secret.strip() else None
 
 
 def authorize(request: Request, scope: str, queue: str | None) -> None:
     """Raise 401 without a valid bearer token, 403 if it may not act in scope on queue."""
-    tokens: list[Token] | None = request.app.state.settings.tokens
-    if tokens is None:
+    if request.app.state.settings.tokens is None:
         return
-    scheme, _, secret = request.headers.get("authorization", "").partition(" ")
-    token = find_token(tokens, secret.strip()) if scheme.lower() == "bearer" and secret.strip() else None
+    token = presented_token(request)
     if token is None:
         raise ApiError(401, "a valid bearer token is required", {"WWW-Authenticate": "Bearer"})
     if not token.allows(scope, queue):
@@ -140,7 +159,7 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
     async def _too_large(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
-        response = _error(413, f"the request body is over {self.max_body} bytes")
+        response = _error(scope["path"], 413, f"the request body is over {self.max_body} bytes")
         await response(scope, receive, send)
 
 
@@ -168,9 +187,13 @@ def create_app(settings: Settings) -> FastAPI:
             await pool.close()
 
     # the routes import this module's helpers, so they are imported here
+    from ._classic import router as classic_router  # noqa: PLC0415
+    from ._dashboard import HERE  # noqa: PLC0415
+    from ._dashboard import router as dashboard_router  # noqa: PLC0415
     from ._metrics import RequestMetrics  # noqa: PLC0415
     from ._metrics import router as metrics_router  # noqa: PLC0415
     from ._v1 import router  # noqa: PLC0415
+    from ._v1_manage import router as manage_router  # noqa: PLC0415
 
     app = FastAPI(
         title="pgdq",
@@ -181,6 +204,10 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     _install_error_handlers(app)
     app.include_router(router)
+    app.include_router(manage_router)
+    app.include_router(classic_router)
+    app.include_router(dashboard_router)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.include_router(metrics_router)
     app.state.request_metrics = RequestMetrics()
     app.add_middleware(app.state.request_metrics.middleware)

@@ -15,7 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import AsyncClient
-from ..model import QueueStats
+from ..model import DeadLetterStats, QueueStats
 from ._app import authorize
 
 
@@ -72,8 +72,8 @@ class _Families:
         return self.families
 
 
-def queue_families(stats: list[QueueStats], waiting: int, now: datetime) -> list[Metric]:
-    """Gauges of every queue's counts, its oldest ready message's age and its next due time."""
+def queue_families(stats: list[QueueStats], dead: list[DeadLetterStats], waiting: int, now: datetime) -> list[Metric]:
+    """Gauges of every queue's counts (dead letters too), its oldest ready message's age and its next due time."""
     counts = {
         "ready": "Messages due now (a message held back by its channel's limits counts)",
         "delayed": "Messages not leased and due later",
@@ -95,9 +95,13 @@ def queue_families(stats: list[QueueStats], waiting: int, now: datetime) -> list
         age.add_metric([s.queue], (now - s.oldest_ready_at).total_seconds() if s.oldest_ready_at else 0.0)
         if s.next_due_at is not None:
             due.add_metric([s.queue], s.next_due_at.timestamp())
+    dead_letters = GaugeMetricFamily("pgdq_queue_dead_letters", "Dead letters (dq_dead_stats)", labels=["queue"])
+    dead_counts = {d.queue: d.dead for d in dead}
+    for name in sorted({s.queue for s in stats} | dead_counts.keys()):
+        dead_letters.add_metric([name], dead_counts.get(name, 0))
     polls = GaugeMetricFamily("pgdq_http_waiting_polls", "Long polls of this server process waiting now")
     polls.add_metric([], waiting)
-    return [*families, age, due, polls]
+    return [*families, age, due, dead_letters, polls]
 
 
 router = APIRouter()
@@ -108,8 +112,9 @@ async def metrics(request: Request) -> Response:
     """The Prometheus text format; with tokens, an admin token on every queue."""
     authorize(request, "admin", None)
     app: Any = request.app
-    stats = await AsyncClient(app.state.pool, schema=app.state.settings.schema).stats()
+    client = AsyncClient(app.state.pool, schema=app.state.settings.schema)
+    stats, dead = await client.stats(), await client.dead_stats()
     queues = CollectorRegistry()
-    queues.register(_Families(queue_families(stats, app.state.wakeups.waiting(), datetime.now(UTC))))
+    queues.register(_Families(queue_families(stats, dead, app.state.wakeups.waiting(), datetime.now(UTC))))
     body = generate_latest(queues) + generate_latest(app.state.request_metrics.registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

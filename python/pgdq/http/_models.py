@@ -55,22 +55,27 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class OfferIn(Body):
+class DueTime(Body):
+    """A body with a due time: `at` (RFC 3339) or `delay` (seconds from now), not both; neither: now."""
+
+    at: Time | None = None
+    delay: Seconds | None = None
+
+    @model_validator(mode="after")
+    def _one_time(self) -> DueTime:
+        if self.at is not None and self.delay is not None:
+            raise ValueError("give at or delay, not both")
+        return self
+
+
+class OfferIn(DueTime):
     """One message: due at `at`, or `delay` seconds from now, or now."""
 
     key: Key
     payload: JsonValue
-    at: Time | None = None
-    delay: Seconds | None = None
     can_update: StrictBool = True
     channel: Channel | None = None
     priority: Priority = 0
-
-    @model_validator(mode="after")
-    def _one_time(self) -> OfferIn:
-        if self.at is not None and self.delay is not None:
-            raise ValueError("give at or delay, not both")
-        return self
 
 
 class OfferBatchIn(Body):
@@ -92,8 +97,9 @@ class PollIn(Body):
     wait: Number = Field(0, ge=0, le=MAX_WAIT, description="seconds to wait for a message when none is due (long poll)")
 
 
-class DeliveryOut(BaseModel):
-    id: int
+class MessageFields(BaseModel):
+    """What a delivery and a dead letter both say of their message."""
+
     queue: str
     key: str
     payload: JsonValue
@@ -101,6 +107,10 @@ class DeliveryOut(BaseModel):
     scheduled_at: datetime
     created_at: datetime
     attempts: int
+
+
+class DeliveryOut(MessageFields):
+    id: int
     redelivery: bool
     lock_token: UUID
     lease_until: datetime
@@ -160,3 +170,78 @@ class Done(BaseModel):
 class ErrorOut(BaseModel):
     error: str
     sqlstate: str | None = None
+
+
+class DeadLetterOut(MessageFields):
+    error: str | None
+    failed_at: datetime
+
+
+class RedriveIn(DueTime):
+    """Offer dead letters again (key's only, if given), due at `at`, `delay` seconds from now, or now."""
+
+    key: Key | None = None
+
+
+class RedriveOut(BaseModel):
+    redriven: int
+
+
+class PurgeIn(Body):
+    """Delete key's dead letter, or with all true every one of the queue."""
+
+    key: Key | None = None
+    all: StrictBool = False
+
+    @model_validator(mode="after")
+    def _key_or_all(self) -> PurgeIn:
+        if (self.key is None) == (not self.all):
+            raise ValueError('give key, or "all": true to delete every dead letter of the queue')
+        return self
+
+
+class PurgeOut(BaseModel):
+    purged: int
+
+
+class ScheduleIn(Body):
+    """A schedule kept by the database (dq_schedule_set)."""
+
+    expression: str = Field(min_length=1, max_length=200, description="cron: 5 or 6 fields, or @hourly, @daily, …")
+    timezone: str = Field("UTC", min_length=1, max_length=100)
+    payload: JsonValue = None
+    max_missed: StrictInt = Field(1, ge=1, le=100, description="occurrences one poll delivers when several are due")
+
+
+class ScheduleOut(BaseModel):
+    queue: str
+    name: str
+    expression: str
+    timezone: str
+    payload: JsonValue
+    max_missed: int
+    next_at: datetime
+    last_error: str | None
+    last_error_at: datetime | None
+    failures: int
+
+
+class NextAt(BaseModel):
+    next_at: datetime
+
+
+class ChannelIn(Body):
+    """A channel's limits (dq_channel_set); null: no limit."""
+
+    max_concurrency: StrictInt | None = Field(None, ge=1, le=2**31 - 1)
+    min_interval: Annotated[Number, Field(gt=0, le=86400)] | None = Field(None, description="seconds between leases")
+
+
+class ChannelOut(BaseModel):
+    channel: str
+    max_concurrency: int | None
+    min_interval: float | None = Field(description="seconds")
+    ready: int
+    delayed: int
+    leased: int
+    last_leased_at: datetime | None

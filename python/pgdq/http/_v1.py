@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel
 
-from .. import AsyncClient, AsyncQueue
+from .. import AsyncClient, AsyncDelivery, AsyncQueue
 from ..model import Message, QueueStats
 from ._app import ApiError, authorize
 from ._models import (
@@ -84,19 +84,26 @@ async def poll(request: Request, queue: QueueName, body: PollIn) -> PollOut:
     """Lease up to max due messages (dq_poll_many); with wait, wait up to
     that many seconds for one to fall due or be offered."""
     authorize(request, "consume", queue)
+    deliveries = await poll_waiting(request, queue, body.max, body.lease, body.wait)
+    return PollOut(deliveries=[_wire(DeliveryOut, d) for d in deliveries])
+
+
+async def poll_waiting(request: Request, queue: str, count: int, lease: float, wait: float) -> list[AsyncDelivery]:
+    """Up to count deliveries of queue; none due: wait up to wait seconds, woken
+    by dq_wakeup or the next due time ([] if none came or the client left)."""
     q = _queue(request, queue)
-    deadline = asyncio.get_running_loop().time() + body.wait
+    deadline = asyncio.get_running_loop().time() + wait
     while True:
         with request.app.state.wakeups.waiter(queue) as woken:  # before the poll: no wake-up is lost
-            deliveries = await q.poll_many(body.max, body.lease)
+            deliveries = await q.poll_many(count, lease)
             left = deadline - asyncio.get_running_loop().time()
             if deliveries or left <= 0:
-                return PollOut(deliveries=[_wire(DeliveryOut, d) for d in deliveries])
+                return deliveries
             due = await q.next_due()
             if due is not None:
                 left = min(left, max((due - datetime.now(UTC)).total_seconds(), 0.01))
             if not await _woken_or_gone(request, woken, left):
-                return PollOut(deliveries=[])
+                return []
 
 
 async def _woken_or_gone(request: Request, woken: asyncio.Event, timeout: float) -> bool:

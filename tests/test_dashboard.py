@@ -1,0 +1,119 @@
+"""The dashboard in a real browser: Playwright driving Debian's Chromium
+against a real `pgdq serve`; every number it shows is checked against SQL."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from http_server import Server, make_tokens, serve
+from pgdq import Message, Queue
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason="Debian chromium not installed (make deps installs it)"
+)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra (make venv)")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[sync_api.Browser]:
+    with sync_api.sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM)
+        yield launched
+        launched.close()
+
+
+def _fill(q: Queue) -> None:
+    """Two due, three over the next hours, one dead letter."""
+    now = datetime.now(UTC)
+    q.offer_many([("due-1", 1), ("due-2", 2), ("dead", 3)])
+    q.offer_many([Message(f"later-{h}-{i}", h, now + timedelta(hours=h, minutes=10)) for i, h in enumerate((1, 1, 5))])
+    for d in q.poll_many(3):
+        if d.key == "dead":
+            d.dead_letter("boom: 502 from the payment provider")
+        else:
+            d.nack()  # back to ready
+
+
+def _shown(page: sync_api.Page, field: str) -> int:
+    return int(page.locator(f'[data-field="{field}"] b').inner_text().rstrip("+"))
+
+
+def test_overview_and_queue_page_match_sql(
+    browser: sync_api.Browser, server: Server, q: Queue, queue_name: str, database: str
+) -> None:
+    _fill(q)
+    page = browser.new_page()
+    page.goto(server.url + "/")
+    row = page.locator(f'tr[data-queue="{queue_name}"]')
+    row.wait_for()
+    stats = q.stats()
+    cells = {f: int(row.locator(f'[data-field="{f}"]').inner_text()) for f in ("ready", "delayed", "leased", "dead")}
+    assert cells == {"ready": stats.ready, "delayed": stats.delayed, "leased": stats.leased, "dead": 1}
+    q.offer("new", 1)  # the overview refreshes itself
+    ready = f'tr[data-queue="{queue_name}"] [data-field="ready"]'
+    page.wait_for_function(f"document.querySelector('{ready}').innerText == '{stats.ready + 1}'", timeout=10_000)
+
+    row.locator("a").click()
+    page.locator("#due-chart").wait_for()
+    assert (_shown(page, "ready"), _shown(page, "delayed"), _shown(page, "dead")) == (
+        q.stats().ready,
+        q.stats().delayed,
+        1,
+    )
+    drawn = page.evaluate("() => document.getElementById('due-chart').chart.data.datasets[0].data")
+    assert drawn == [h.due for h in q.due_hours(24)] and sum(drawn) == 3
+    assert "boom: 502" in page.locator('tr[data-key="dead"]').inner_text()
+    page.close()
+
+
+def test_redrive_through_the_button(browser: sync_api.Browser, server: Server, q: Queue) -> None:
+    _fill(q)
+    page = browser.new_page()
+    asked: list[str] = []
+    page.on("dialog", lambda d: (asked.append(d.message), d.accept()))
+    page.goto(f"{server.url}/queues/{q.name}")
+    page.locator('tr[data-key="dead"] button', has_text="Redrive").click()
+    page.locator('tr[data-key="dead"]').wait_for(state="detached", timeout=10_000)
+    assert asked == ["Offer dead again, due now?"]
+    assert q.get("dead") is not None and q.dead_letters() == []
+    page.close()
+
+
+def test_tokens_login_and_scopes(browser: sync_api.Browser, database: str, q: Queue, tmp_path: Path) -> None:
+    _fill(q)
+    secrets = make_tokens(tmp_path / "tokens.json", {"reader": (["consume"], [q.name])})
+    s = serve(database, "--tokens", str(tmp_path / "tokens.json"))
+    try:
+        page = browser.new_page()
+        page.on("dialog", lambda d: d.accept())
+        page.goto(s.url + "/")
+        assert page.url.endswith("/login"), "no token: the page asks for one"
+        page.fill('input[name="token"]', "pgdq_wrong")
+        page.click('button[type="submit"]')
+        assert "not a valid token" in page.content()
+        page.fill('input[name="token"]', secrets["reader"])
+        page.click('button[type="submit"]')
+        page.locator(f'tr[data-queue="{q.name}"]').wait_for()
+        cookie = next(c for c in page.context.cookies() if c["name"] == "pgdq_token")
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        page.goto(f"{s.url}/queues/{q.name}")
+        page.locator('tr[data-key="dead"] button', has_text="Redrive").click()
+        page.locator("#message").wait_for()
+        assert "403" in page.locator("#message").inner_text() and "admin" in page.locator("#message").inner_text()
+        assert [d.key for d in q.dead_letters()] == ["dead"], "a consume token redrives nothing"
+        page.close()
+        assert httpx.get(f"{s.url}/dashboard/queues/{q.name}").status_code == 401
+    finally:
+        s.stop()
+
+
+def test_bad_input_is_4xx(server: Server, q: Queue) -> None:
+    r = httpx.post(f"{server.url}/dashboard/queues/{q.name}/dead-letters/redrive", params={"key": ""})
+    assert r.status_code == 400 and "key" in r.json()["error"]
+    assert httpx.get(f"{server.url}/queues/{'x' * 101}").status_code == 400

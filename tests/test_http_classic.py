@@ -1,0 +1,171 @@
+"""pgdq serve's classic protocol (POST /command) over a real server and database."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import ROOT
+from http_server import Server, make_tokens, serve
+from pgdq import Client, Queue
+
+
+def command(api: httpx.Client, **fields: Any) -> tuple[int, dict[str, Any]]:
+    r = api.post("/command", json=fields)
+    return r.status_code, r.json()
+
+
+def test_add_pop_finish(api: httpx.Client, queue_name: str, q: Queue) -> None:
+    status, answer = command(api, command="add", topic=queue_name, id="order:1", TTR=120, body='{"uid": 7}')
+    assert (status, answer) == (200, {"success": True, "error": None, "id": "order:1", "value": "created"})
+    assert q.get("order:1").payload == {"body": '{"uid": 7}', "ttr": 120}  # type: ignore[union-attr]
+    status, answer = command(api, command="pop", topic=queue_name)
+    assert (status, answer["id"], answer["value"]) == (200, "order:1", '{"uid": 7}')
+    lease_end = q.get("order:1").due_at  # type: ignore[union-attr]
+    assert timedelta(seconds=110) < lease_end - datetime.now(UTC) <= timedelta(seconds=120), "leased for its TTR"
+    assert command(api, command="pop", topic=queue_name) == (200, _empty())
+    assert command(api, command="finish", id="order:1") == (200, {**_empty(), "id": "order:1"})
+    assert q.get("order:1") is None
+    status, answer = command(api, command="finish", id="order:1")
+    assert (status, answer["success"], answer["error"]) == (404, False, "no job of id 'order:1'")
+
+
+def _empty() -> dict[str, Any]:
+    return {"success": True, "error": None, "id": None, "value": None}
+
+
+def test_delay_count_and_wait(api: httpx.Client, queue_name: str, q: Queue) -> None:
+    for i in range(3):
+        command(api, command="add", topic=queue_name, id=f"j{i}", body={"n": i})
+    command(api, command="add", topic=queue_name, id="later", delay=3600, body=None)
+    status, answer = command(api, command="pop", topic=queue_name, count=5)
+    assert status == 200 and answer["id"] is None
+    assert sorted(j["id"] for j in answer["value"]) == ["j0", "j1", "j2"]
+    assert {j["id"]: j["value"] for j in answer["value"]}["j1"] == {"n": 1}
+    threading.Timer(1.0, lambda: q.offer("woken", {"body": "hi", "ttr": 5})).start()
+    started = time.monotonic()
+    status, answer = command(api, command="pop", topic=queue_name, wait=20)
+    assert (answer["id"], answer["value"]) == ("woken", "hi") and time.monotonic() - started < 10
+    assert command(api, command="delete", id="later")[1]["success"] is True
+    assert q.get("later") is None
+
+
+def test_a_message_offered_otherwise_is_all_body(api: httpx.Client, queue_name: str, q: Queue) -> None:
+    q.offer("plain", {"not": "an envelope"})
+    answer = command(api, command="pop", topic=queue_name)[1]
+    assert (answer["id"], answer["value"]) == ("plain", {"not": "an envelope"})
+
+
+def test_ids_are_unique_across_topics(api: httpx.Client, queue_name: str, q: Queue, database: str) -> None:
+    other = queue_name + "_other"
+    assert command(api, command="add", topic=queue_name, id="x", body=1)[1]["success"]
+    status, answer = command(api, command="add", topic=other, id="x", body=2)
+    assert (status, answer["success"]) == (409, False) and "taken by topic" in answer["error"]
+    assert Queue(other, database).get("x") is None, "nothing written"
+    Queue(other, database).offer("x", 3)  # not through /command: both topics hold x
+    status, answer = command(api, command="delete", id="x")
+    assert (status, answer["success"]) == (409, False) and "name the topic" in answer["error"]
+    assert command(api, command="delete", id="x", topic=other)[1]["success"] is True
+    assert command(api, command="finish", id="x")[1]["success"] is True and q.get("x") is None
+
+
+def test_concurrent_adds_of_one_id_to_two_topics(api: httpx.Client, queue_name: str, database: str) -> None:
+    topics = [queue_name + "_a", queue_name + "_b"]
+    for key in (f"race{n}" for n in range(15)):
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda t, k=key: command(api, command="add", topic=t, id=k), topics))
+        assert sorted(status for status, _ in answers) == [200, 409], answers
+        held = [t for t in topics if Queue(t, database).get(key) is not None]
+        assert len(held) == 1, held
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"command": "shout", "topic": "t"}, "does not match any of the expected tags"),
+        ({"topic": "t", "id": "k"}, "Unable to extract tag using discriminator"),
+        ({"command": "add", "topic": "t"}, "add.id: Field required"),
+        ({"command": "add", "topic": "t", "id": "k", "TTR": 0}, "TTR"),
+        ({"command": "add", "topic": "t", "id": "k", "delay": -1}, "delay"),
+        ({"command": "add", "topic": "t", "id": "k", "delay": "5"}, "delay"),
+        ({"command": "add", "topic": "t", "id": "k", "surprise": 1}, "surprise: Extra inputs"),
+        ({"command": "add", "topic": "t", "id": "k\u0000"}, "0x00"),
+        ({"command": "add", "topic": "t" * 101, "id": "k"}, "topic: String should have at most 100 characters"),
+        ({"command": "pop", "topic": "t", "wait": 61}, "wait"),
+        ({"command": "pop", "topic": "t", "count": 0}, "count"),
+        ({"command": "finish", "id": ""}, "id"),
+    ],
+)
+def test_bad_commands_fail_in_the_protocols_shape(
+    api: httpx.Client, fields: dict[str, Any], says: str, database: str
+) -> None:
+    status, answer = command(api, **fields)
+    assert status == 400 and answer["success"] is False and says in answer["error"], answer
+    assert set(answer) == {"success", "error", "id", "value"}
+    assert Queue("t", database).stats().ready == 0
+
+
+def test_malformed_and_large_bodies(api: httpx.Client) -> None:
+    r = api.post("/command", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["success"] is False and "JSON" in r.json()["error"]
+    r = api.post("/command", json={"command": "add", "topic": "t", "id": "k", "body": "x" * (1 << 20)})
+    assert r.status_code == 413 and r.json() == {
+        "success": False,
+        "error": "the request body is over 1048576 bytes",
+        "id": None,
+        "value": None,
+    }
+
+
+def test_tokens(database: str, tmp_path: Path) -> None:
+    secrets = make_tokens(tmp_path / "tokens.json", {"shop": (["produce"], ["orders"]), "ops": (["admin"], [])})
+    s = serve(database, "--tokens", str(tmp_path / "tokens.json"))
+    try:
+        with httpx.Client(base_url=s.url, timeout=10) as api:
+            add = {"command": "add", "topic": "orders", "id": "t1"}
+            assert api.post("/command", json=add).status_code == 401
+            shop = {"authorization": f"Bearer {secrets['shop']}"}
+            assert api.post("/command", json=add, headers=shop).json()["success"] is True
+            r = api.post("/command", json={"command": "pop", "topic": "orders"}, headers=shop)
+            assert r.status_code == 403 and r.json()["success"] is False and "consume" in r.json()["error"]
+            r = api.post("/command", json={"command": "finish", "id": "t1"}, headers=shop)
+            assert r.status_code == 403
+            ops = {"authorization": f"Bearer {secrets['ops']}"}
+            assert api.post("/command", json={"command": "finish", "id": "t1"}, headers=ops).json()["success"]
+    finally:
+        s.stop()
+
+
+@pytest.mark.skipif(shutil.which("php") is None, reason="php-cli is not installed (make deps installs it)")
+def test_the_php_example(server: Server, database: str) -> None:
+    out = subprocess.run(
+        ["php", str(ROOT / "examples/classic.php"), server.url, "php_orders"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    assert "finished order_close:2" in out and "finished order_close:1" in out, out
+    assert Queue("php_orders", database).stats().ready == 0
+
+
+def test_the_serve_demo(database: str) -> None:
+    demo = Server([sys.executable, str(ROOT / "examples/serve_demo.py")], env={**os.environ, "DATABASE_URL": database})
+    try:
+        with httpx.Client(base_url=demo.url, timeout=10) as api:
+            counts = {s["queue"]: s["ready"] + s["delayed"] + s["leased"] for s in api.get("/v1/stats").json()}
+        assert counts["pgdq_demo_orders"] >= 1400 and counts["pgdq_demo_webhooks"] == 80, counts
+        assert [(d.queue, d.dead) for d in Client(database).dead_stats("pgdq_demo_orders")] == [("pgdq_demo_orders", 1)]
+        assert [s.name for s in Client(database).schedules("pgdq_demo_reports")] == ["nightly-sales"]
+    finally:
+        demo.stop()
