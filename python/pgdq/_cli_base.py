@@ -56,10 +56,11 @@ def _reason(error: Exception) -> str:
 
 def _connect(dsn: str | None) -> psycopg.Connection[tuple[object, ...]]:
     """Connect to --dsn, else DATABASE_URL, else the standard PG* variables;
-    exit 2 when libpq cannot parse the connection string."""
+    exit 2 when libpq cannot parse the connection string. A command runs few
+    statements: it prepares none, so it works through PgBouncer in any mode."""
     conninfo = dsn or os.environ.get("DATABASE_URL", "")
     try:
-        return psycopg.connect(conninfo, autocommit=True)
+        return psycopg.connect(conninfo, autocommit=True, prepare_threshold=None)
     except psycopg.ProgrammingError as e:
         raise BadInput(f"invalid connection string: {_reason(e)}") from e
     except psycopg.OperationalError as e:
