@@ -1,5 +1,6 @@
 """W9: the same jobs over HTTP (`pgdq serve`) and through the SQL functions
-directly, 8 clients each; what 1,000 idle long polls cost the server."""
+directly, 8 clients each; W4's lateness through long-polling HTTP consumers;
+what 1,000 idle long polls cost the server."""
 
 from __future__ import annotations
 
@@ -8,15 +9,19 @@ import http.client
 import json
 import multiprocessing as mp
 import socket
+import statistics
 import subprocess
 import sys
+import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import psycopg
 from common import fresh_db, n
-from systems import System
+from pgdq import Queue
+from systems import System, lateness_times
 
 CLIENTS = 8
 
@@ -129,6 +134,49 @@ def _rss_mb(pid: int) -> float:
     return kb / 1024
 
 
+def _http_consumer(url: str, queue: str, late: list[float], stop: threading.Event) -> None:
+    """Long-poll queue over HTTP (wait 5 s, up to 10 at once) until stop; each
+    delivery's lateness (now - scheduled_at, ms) into late, then ack."""
+    conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=60)
+    while not stop.is_set():
+        body = json.dumps({"max": 10, "lease": 60, "wait": 5})
+        conn.request("POST", f"/v1/queues/{queue}/poll", body, {"content-type": "application/json"})
+        deliveries = json.loads(conn.getresponse().read())["deliveries"]
+        now = datetime.now(UTC)
+        late.extend((now - datetime.fromisoformat(d["scheduled_at"])).total_seconds() * 1000 for d in deliveries)
+        if deliveries:
+            tokens = json.dumps({"lock_tokens": [d["lock_token"] for d in deliveries]})
+            conn.request("POST", f"/v1/queues/{queue}/ack", tokens, {"content-type": "application/json"})
+            conn.getresponse().read()
+    conn.close()
+
+
+def _http_lateness(url: str, conninfo: str, total: int) -> dict[str, float]:
+    """W4 through HTTP: total messages at distinct times over 10 s, CLIENTS long-polling consumers."""
+    late: list[float] = []
+    stop = threading.Event()
+    consumers = [threading.Thread(target=_http_consumer, args=(url, "w9_late", late, stop)) for _ in range(CLIENTS)]
+    for c in consumers:
+        c.start()
+    time.sleep(0.5)  # the consumers wait first
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        (now,) = conn.execute("SELECT clock_timestamp()").fetchone()  # type: ignore[misc]
+        Queue("w9_late", conn).offer_many([(f"t{i}", i, now + after) for i, after in enumerate(lateness_times(total))])
+    deadline = time.monotonic() + 40
+    while len(late) < total and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stop.set()
+    for c in consumers:
+        c.join()
+    ms = sorted(late)
+    return {
+        "W9 HTTP consumer lateness p50 ms": statistics.median(ms),
+        "W9 HTTP consumer lateness p99 ms": ms[int(len(ms) * 0.99) - 1],
+        "W9 HTTP consumer lateness max ms": ms[-1],
+        "W9 HTTP consumer messages": len(ms),
+    }
+
+
 def w9_http(system: System) -> dict[str, float]:
     """W9 (pgdq): offer + poll + ack over HTTP against the SQL functions, 8 clients (bench/over_http.py)."""
     if system.name != "pgdq":
@@ -137,6 +185,7 @@ def w9_http(system: System) -> dict[str, float]:
     process, url = _serve(conninfo)
     out: dict[str, float] = {}
     try:
+        out.update(_http_lateness(url, conninfo, n(2000)))  # first, as W4: on a database with no history
         for batch, total in ((1, n(4_000)), (100, n(80_000))):
             label = "single jobs" if batch == 1 else f"batches of {batch}"
             http = _rate(_http_jobs, url, f"w9_http_{batch}", total, batch)
