@@ -1,6 +1,6 @@
 """pgdq.spark with a local SparkSession against a real server: outcomes, an
 idempotent re-run, a task that fails mid-partition and is retried, bad rows,
-read_queue and read_dead_letters."""
+read_queue and read_dead_letters; offers and reads through PgBouncer."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from conftest import DB
+from pgbouncer import BINARY, PgBouncer
 from pgdq import Queue
 from pgdq.spark import BadRow, offer_dataframe, read_dead_letters, read_queue
 
@@ -157,3 +159,18 @@ def test_the_example_pipeline_on_small_data(spark: Any, database: str) -> None:
         assert (local.hour, local.minute) == (9, 0), "09:00 on the user's own clock"
         assert timedelta(0) < info.scheduled_at - datetime.now(UTC) <= timedelta(days=1)
         q.purge()
+
+
+@pytest.mark.skipif(not Path(BINARY).exists(), reason="Debian pgbouncer not installed (make deps installs it)")
+def test_through_pgbouncer_in_transaction_mode(spark: Any, queue_name: str) -> None:
+    # 4 server connections: read_queue's snapshot holder and local[2]'s two readers
+    bouncer = PgBouncer(pool_size=4)
+    try:
+        pooled = bouncer.conninfo(DB)
+        # 20 chunks a partition: past psycopg's prepare_threshold, in turns on the pooled connections
+        summary = offer_dataframe(users(spark, 4000, 2), pooled, queue_name, scheduled_at="send_at", batch_size=100)
+        assert (summary.created, summary.ignored) == (4000, 0)
+        frame = read_queue(spark, pooled, queue_name, num_partitions=4)
+        assert frame.count() == 4000 and frame.select("key").distinct().count() == 4000
+    finally:
+        bouncer.stop()

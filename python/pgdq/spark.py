@@ -8,7 +8,9 @@ per chunk of batch_size rows (one round trip per chunk, never per row). Keys
 decide identity, so Spark's task retries and whole re-runs are harmless: a
 retried chunk is ignored. read_queue reads a consistent snapshot in parallel
 by id ranges. Needs `pip install 'pgdq[spark]'` and Java 17; executors must
-run the same Python (PYSPARK_PYTHON).
+run the same Python (PYSPARK_PYTHON). Neither prepares statements, so both
+work through PgBouncer in transaction mode; a read holds one server
+connection for its snapshot and one for each range read at a time.
 """
 
 from __future__ import annotations
@@ -108,7 +110,8 @@ def _offer_partition(
     """One partition: one connection, one dq_offer_many per chunk; its counts."""
     counts = {"created": 0, "updated": 0, "ignored": 0}
     iterator = iter(rows)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
+    # prepares nothing: a chunk is one large statement, and poolers in transaction mode cannot keep them
+    with psycopg.connect(conninfo, autocommit=True, prepare_threshold=None) as conn:
         q = Queue(queue, conn, schema=schema, codec=_RawJson())
         while chunk := list(islice(iterator, batch_size)):
             messages = [_message(row, columns) for row in chunk]
@@ -190,7 +193,7 @@ def _read(spark: Any, conninfo: str, source: str, queue: str | None, num_partiti
 
 def _snapshot_reader(conninfo: str) -> psycopg.Connection[Any]:
     """A connection whose transactions read one snapshot (REPEATABLE READ, read only)."""
-    conn = psycopg.connect(conninfo)
+    conn = psycopg.connect(conninfo, prepare_threshold=None)
     conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
     conn.read_only = True
     return conn
