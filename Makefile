@@ -80,6 +80,7 @@ spark-demo: deps venv
 
 cluster-stop:
 	scripts/pgcluster.sh stop test; scripts/pgcluster.sh stop demo; scripts/pgcluster.sh stop bench
+	for n in 0 1 2 3; do scripts/pgcluster.sh stop test-shard$$n; done
 
 sync-code: venv
 	$(VENV)/bin/python python/tools/gen_sync.py

@@ -4,8 +4,8 @@
 # (.venv; make assembles the extension script with python3), and Java 17 for
 # the Spark tests and demo, curl for the README's HTTP examples, php-cli with
 # its curl extension for the classic protocol's PHP example, and Chromium for
-# the dashboard's browser test (Playwright drives it), and PgBouncer for the
-# pooling tests. Debian/Ubuntu, as root.
+# the dashboard's browser test (Playwright drives it), PgBouncer for the
+# pooling tests and PL/Proxy for the sharding tests. Debian/Ubuntu, as root.
 set -euo pipefail
 
 sharedir=$(pg_config --sharedir 2>/dev/null || echo /usr/share/postgresql/15)
@@ -22,6 +22,7 @@ command -v php >/dev/null || missing+=(php-cli)
 php -m 2>/dev/null | grep -x curl >/dev/null || missing+=(php-curl)  # not -q: an early exit would fail the pipe
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
+[ -f "$sharedir/extension/plproxy.control" ] || missing+=(postgresql-15-plproxy)
 
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ]; then

@@ -83,7 +83,7 @@ shared_buffers = 256MB
 log_min_messages = warning
 log_line_prefix = '%m [%p] '
 CONF
-  if [ "$name" = test ]; then
+  if [[ $name == test || $name == test-* ]]; then
     # Test data is disposable: skip fsync (an immediate restart stays safe;
     # only an OS crash could lose committed data).
     echo "fsync = off" >>"$data/postgresql.conf"

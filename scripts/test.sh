@@ -33,6 +33,16 @@ step "pgTAP, 1.0.0 upgraded in place" env PGDATABASE=pgdq_tap_upgraded make -s i
 step "pytest, fresh install" env PGDQ_TEST_DB=pgdq_py .venv/bin/pytest -q tests
 step "pytest, 1.0.0 upgraded in place" env PGDQ_TEST_INSTALL=upgrade PGDQ_TEST_DB=pgdq_py_upgraded \
   .venv/bin/pytest -q tests
+# The Python API's own tests through a PL/Proxy router (pgdq.shard) over 2,
+# then 4, partition clusters of their own (test-shard0, ...); stopped after.
+api_tests=(tests/test_queue.py tests/test_queue_async.py tests/test_browse.py tests/test_browse_async.py
+  tests/test_channels.py tests/test_channels_async.py tests/test_transactional.py tests/test_transactional_async.py
+  tests/test_schedules.py tests/test_cron_service.py tests/test_cron_service_async.py tests/test_worker.py)
+for n in 2 4; do
+  step "pytest, the Python API through a router over $n partitions" env PGDQ_TEST_SHARDS=$n \
+    PGDQ_TEST_DB=pgdq_py_sharded .venv/bin/pytest -q "${api_tests[@]}"
+done
+for n in 0 1 2 3; do scripts/pgcluster.sh stop "test-shard$n"; done
 
 if [ ${#failed[@]} -gt 0 ]; then
   echo "FAILED: ${failed[*]}"

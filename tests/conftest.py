@@ -15,7 +15,7 @@ import httpx
 import psycopg
 import pytest
 from http_server import Server, serve
-from pgdq import AsyncQueue, Queue
+from pgdq import AsyncQueue, Queue, shard
 from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,22 +24,60 @@ DB = os.environ.get("PGDQ_TEST_DB", "pgdq_py")
 # EXTENSION pgdq UPDATE, so the whole suite runs against an upgraded database;
 # "1.0.0": the first release alone, to show that a new test fails on it.
 INSTALL = os.environ.get("PGDQ_TEST_INSTALL", "fresh")
+# > 0: the test database is a PL/Proxy router (pgdq.shard) over this many
+# partitions, each a throwaway cluster of its own (test-shard0, ...).
+SHARDS = int(os.environ.get("PGDQ_TEST_SHARDS", "0"))
+
+
+def unsharded(why: str) -> pytest.MarkDecorator:
+    """Skip a test when the suite runs through a router (PGDQ_TEST_SHARDS), saying why."""
+    return pytest.mark.skipif(SHARDS > 0, reason=f"not through a PL/Proxy router: {why}")
+
+
+IN_YOUR_TRANSACTION = "each call commits on its partition by itself, outside the caller's transaction"
+READS_TABLES = "reads pgdq's tables, which live on the partitions"
 
 
 def _cluster_env() -> None:
     """Point PG* at the repo's test cluster (started here) unless already set."""
     if os.environ.get("PGHOST"):
         return
-    subprocess.run([str(ROOT / "scripts/pgcluster.sh"), "start", "test"], check=True)
+    os.environ.update(start_cluster("test"))
+
+
+def start_cluster(name: str) -> dict[str, str]:
+    """Start the repo's throwaway cluster name (scripts/pgcluster.sh); its PG* variables."""
+    subprocess.run([str(ROOT / "scripts/pgcluster.sh"), "start", name], check=True)
     out = subprocess.run(
-        [str(ROOT / "scripts/pgcluster.sh"), "env", "test"],
-        check=True,
-        capture_output=True,
-        text=True,
+        [str(ROOT / "scripts/pgcluster.sh"), "env", name], check=True, capture_output=True, text=True
     ).stdout
-    for assignment in shlex.split(out.replace("export", "")):
-        name, _, value = assignment.partition("=")
-        os.environ[name] = value
+    return dict(assignment.partition("=")[::2] for assignment in shlex.split(out.replace("export", "")))
+
+
+def partition_databases(count: int, dbname: str = DB) -> list[str]:
+    """count partition clusters (started), each with a fresh dbname holding pgdq; their conninfos."""
+    conninfos = []
+    for number in range(count):
+        env = start_cluster(f"test-shard{number}")
+        params = {"host": env["PGHOST"], "port": env["PGPORT"], "user": env["PGUSER"]}
+        with psycopg.connect(psycopg.conninfo.make_conninfo(dbname="postgres", **params), autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+        conninfo = psycopg.conninfo.make_conninfo(dbname=dbname, **params)
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            install_extension(conn)
+        conninfos.append(conninfo)
+    return conninfos
+
+
+def owner(database: str, queue: str) -> str:
+    """The conninfo of the database holding queue's rows: database itself, or
+    the partition that owns queue when database is a router."""
+    if not SHARDS:
+        return database
+    with psycopg.connect(database, autocommit=True) as router:
+        (partition,) = shard.partitions_of(router, [queue]) or {database}
+    return partition
 
 
 def dsn(dbname: str = DB) -> str:
@@ -61,7 +99,10 @@ def database() -> str:
     _cluster_env()
     recreate_database(DB)
     with psycopg.connect(dsn(), autocommit=True) as conn:
-        install_extension(conn)
+        if SHARDS:
+            shard.init(conn, partition_databases(SHARDS))
+        else:
+            install_extension(conn)
     return dsn()
 
 
@@ -87,7 +128,7 @@ def conn(database: str) -> Iterator[psycopg.Connection[Any]]:
 def queue_name(request: pytest.FixtureRequest, database: str) -> Iterator[str]:
     """A queue name of this test's own, purged (channels too) before and after."""
     name = re.sub(r"\W+", "_", request.node.name)[-90:]
-    with psycopg.connect(database, autocommit=True) as c:
+    with psycopg.connect(owner(database, name), autocommit=True) as c:
 
         def forget() -> None:
             c.execute("SELECT dq_purge(%s)", (name,))

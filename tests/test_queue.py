@@ -15,6 +15,7 @@ import pgdq
 import psycopg
 import pydantic
 import pytest
+from conftest import IN_YOUR_TRANSACTION, unsharded
 from pgdq import Client, Delivery, InvalidArgument, Message, NullArgument, OfferOutcome, Queue, QueueStats, StaleToken
 from pgdq.errors import PayloadDecodeError
 from psycopg_pool import ConnectionPool
@@ -344,6 +345,7 @@ def test_pool_connection_and_conninfo_sources(database: str, queue_name: str) ->
         assert own.purge() == 1
 
 
+@unsharded(IN_YOUR_TRANSACTION)
 def test_a_call_in_your_transaction_is_yours_to_roll_back(database: str, queue_name: str) -> None:
     with ConnectionPool(database, min_size=1, max_size=2, open=False) as pool:
         q = Queue(queue_name, pool)

@@ -14,6 +14,7 @@ import pgdq
 import psycopg
 import pydantic
 import pytest
+from conftest import IN_YOUR_TRANSACTION, unsharded
 from pgdq import (
     AsyncClient,
     AsyncDelivery,
@@ -355,6 +356,7 @@ async def test_pool_connection_and_conninfo_sources(database: str, queue_name: s
         assert await own.purge() == 1
 
 
+@unsharded(IN_YOUR_TRANSACTION)
 async def test_a_call_in_your_transaction_is_yours_to_roll_back(database: str, queue_name: str) -> None:
     async with AsyncConnectionPool(database, min_size=1, max_size=2, open=False) as pool:
         aq = AsyncQueue(queue_name, pool)

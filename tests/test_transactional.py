@@ -7,7 +7,10 @@ both APIs.)"""
 from __future__ import annotations
 
 import psycopg
+from conftest import IN_YOUR_TRANSACTION, unsharded
 from pgdq import OfferOutcome, Queue
+
+pytestmark = unsharded(IN_YOUR_TRANSACTION)
 
 
 def test_rollback_leaves_no_message(q: Queue, database: str) -> None:

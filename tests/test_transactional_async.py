@@ -6,7 +6,10 @@ both APIs.)"""
 from __future__ import annotations
 
 import psycopg
+from conftest import IN_YOUR_TRANSACTION, unsharded
 from pgdq import AsyncQueue, OfferOutcome
+
+pytestmark = unsharded(IN_YOUR_TRANSACTION)
 
 
 async def test_rollback_leaves_no_message(aq: AsyncQueue, database: str) -> None:

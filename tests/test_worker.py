@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import ROOT
+from conftest import ROOT, owner
 from pgdq import AsyncDelivery, Message, Queue
 from pgdq.worker import Backoff, Retry, Route, Worker, handler, lease_lost, without_password
 
@@ -441,10 +441,12 @@ def test_a_waiting_worker_says_so_at_most_once_an_interval(
 
 
 def test_a_lost_wake_up_connection_is_opened_again(
-    database: str, queue_name: str, conn: psycopg.Connection[Any], worker_log: pytest.LogCaptureFixture
+    database: str, queue_name: str, worker_log: pytest.LogCaptureFixture
 ) -> None:
     handled: list[str] = []
     listening = "SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN dq_wakeup' AND datname = current_database()"
+    # the server where the queue's wake-ups are raised (through a router: its partition)
+    conn = psycopg.connect(owner(database, queue_name), autocommit=True)
 
     def listener() -> int | None:
         row = conn.execute(listening).fetchone()
@@ -458,6 +460,7 @@ def test_a_lost_wake_up_connection_is_opened_again(
         time.sleep(0.3)  # idle again: with idle_cap 60 s, only a wake-up brings it back soon
         q.offer("k", 1)
         wait_for(lambda: handled == ["k"], "the wake-up", timeout=5)
+    conn.close()
     lost = [r for r in worker_log.records if r.getMessage().startswith("LISTEN dq_wakeup failed")]
     assert lost and lost[0].levelno == logging.WARNING and "trying again in 0.1 s" in lost[0].getMessage()
 

@@ -3,7 +3,8 @@
 Installing: install, upgrade, uninstall, version. Messages: offer (one, or
 JSON Lines), peek, poll, ack, nack, cancel, purge, stats, channels. channel
 set|remove; dead-letters list|redrive|purge; schedules list|set|remove
-(kept by the database); worker; serve (HTTP) and token new.
+(kept by the database); worker; serve (HTTP) and token new; shard init
+(PL/Proxy).
 
 Every command takes --dsn (else PGDQ_DSN, DATABASE_URL or the PG* variables),
 --schema (else PGDQ_SCHEMA, else public) and --json (machine-readable output;
@@ -29,6 +30,7 @@ from ._cli_manage import cancel, channel, channels, dead_letters, peek, purge, s
 from ._cli_messages import ack, nack, offer, poll
 from ._cli_serve import serve, token
 from ._cli_setup import install, uninstall, upgrade, version, worker
+from ._cli_shard import shard
 
 
 @click.group()
@@ -60,5 +62,5 @@ COMMANDS = (
     stats,
     channels,
 )
-for command in (*COMMANDS, channel, dead_letters, schedules, token):
+for command in (*COMMANDS, channel, dead_letters, schedules, token, shard):
     main.add_command(command)

@@ -41,6 +41,7 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
+from . import shard
 from ._async_queue import AsyncDelivery, AsyncQueue
 from ._delivery import OUTCOMES, Outcome, Running, deliver, lease_lost
 from ._reconnect import DATABASE_ERRORS, RetryDelays, describe, is_transient, retrying
@@ -275,15 +276,35 @@ class Worker:
         return self.report_every.total_seconds()
 
     async def _listen(self) -> None:
-        """LISTEN dq_wakeup on a connection of its own, opened again whenever it fails."""
+        """LISTEN dq_wakeup where our queues' wake-ups are raised (listen_dsn;
+        through a pgdq.shard router, each partition owning one of our queues),
+        each on a connection of its own, opened again whenever it fails."""
+        sources = [self.listen_dsn]
+        if self.listen_dsn == self.dsn:
+            sources = await retrying(
+                "asking where wake-ups are raised", self._partitions, log=log, errors=DATABASE_ERRORS
+            )
+        await asyncio.gather(*(self._listen_to(source) for source in sources))
+
+    async def _partitions(self) -> list[str]:
+        """The partitions owning our queues when dsn is a router, else [dsn]."""
+        schema = self.schema or "public"
+        async with await AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            found = await (await conn.execute(shard.IS_ROUTER, (schema,))).fetchone()
+            if not (found and found[0]):
+                return [self.dsn]
+            rows = await (await conn.execute(shard.owners_statement(schema), (list(self.routes),))).fetchall()
+        return [shard.with_credentials(row[0], self.dsn) for row in rows]
+
+    async def _listen_to(self, source: str) -> None:
         delays = RetryDelays()
-        listen = partial(self._listen_once, delays)
+        listen = partial(self._listen_once, source, delays)
         await retrying("LISTEN dq_wakeup", listen, log=log, delays=delays, errors=DATABASE_ERRORS)
 
-    async def _listen_once(self, delays: RetryDelays) -> None:
-        """Connect and LISTEN (a success for delays); wake the fetch loop for
-        each notification about our queues; raise when the connection ends."""
-        async with await AsyncConnection.connect(self.listen_dsn, autocommit=True) as conn:
+    async def _listen_once(self, source: str, delays: RetryDelays) -> None:
+        """Connect to source and LISTEN (a success for delays); wake the fetch
+        loop for each notification about our queues; raise when the connection ends."""
+        async with await AsyncConnection.connect(source, autocommit=True) as conn:
             await conn.execute("LISTEN dq_wakeup")
             delays.succeeded()
             self._wake.set()  # anything offered while we were not listening

@@ -1,0 +1,158 @@
+"""pgdq.shard: a PL/Proxy router over 2 and 4 partitions, each a cluster of
+its own: where each queue's messages live, lock tokens routed to their
+message's partition, overviews merged from every partition, `pgdq shard
+init` and what it refuses. (The API's own tests run through a router too:
+scripts/test.sh runs them with PGDQ_TEST_SHARDS=2 and 4.)"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import dsn, install_extension, partition_databases, recreate_database, unsharded
+from pgdq import Client, Queue, shard
+from pgdq.errors import InvalidArgument
+from test_upgrade import pgdq_cli
+
+pytestmark = [
+    pytest.mark.skipif(
+        not Path("/usr/share/postgresql/15/extension/plproxy.control").exists(),
+        reason="Debian postgresql-15-plproxy not installed (make deps installs it)",
+    ),
+    unsharded("sets up routers of its own"),
+]
+
+
+@dataclass
+class Sharded:
+    router: str  # conninfo of the router database
+    partitions: list[str]  # conninfos, in order
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2 partitions", "4 partitions"])
+def sharded(request: pytest.FixtureRequest, database: str) -> Iterator[Sharded]:
+    """A router database on the test cluster over `param` partition clusters, set up by `pgdq shard init`."""
+    count = request.param
+    partitions = partition_databases(count, f"pgdq_part{count}")
+    recreate_database(f"pgdq_router{count}")
+    router = dsn(f"pgdq_router{count}")
+    done = pgdq_cli("shard", "init", "--router", router, "--partitions", ",".join(partitions))
+    assert done.returncode == 0, done.stderr
+    assert f"on {count} partitions" in done.stdout
+    yield Sharded(router, partitions)
+
+
+def queues_on(partition: str) -> dict[str, int]:
+    """The messages of each queue stored on a partition."""
+    with psycopg.connect(partition) as conn:
+        return dict(conn.execute("SELECT queue, count(*) FROM dq_messages GROUP BY queue").fetchall())
+
+
+def purge(router: str, names: list[str]) -> None:
+    for name in names:
+        with Queue(name, router) as q:
+            q.purge()
+
+
+def test_each_queue_lives_on_its_partition_only(sharded: Sharded) -> None:
+    names = [f"tenant-{n}" for n in range(40)]
+    for name in names:
+        with Queue(name, sharded.router) as q:
+            q.offer_many([(f"k{i}", i) for i in range(5)])
+    with psycopg.connect(sharded.router) as router:
+        rows = router.execute("SELECT q, dq_shard_number(q) FROM unnest(%s::text[]) AS q", (names,)).fetchall()
+    owner = dict(rows)
+    seen: dict[str, int] = {}
+    for number, partition in enumerate(sharded.partitions):
+        here = queues_on(partition)
+        assert here, f"partition {number} holds no queue: the hash does not spread"
+        assert all(owner[q] == number for q in here), "a queue's messages on a partition that does not own it"
+        seen |= here
+    assert seen == dict.fromkeys(names, 5), "every message stored once"
+    purge(sharded.router, names)
+
+
+def test_lock_tokens_find_their_partition(sharded: Sharded) -> None:
+    names = [f"tokens-{n}" for n in range(12)]
+    firsts, seconds = [], []
+    for name in names:
+        with Queue(name, sharded.router) as q:
+            q.offer_many([("a", 1), ("b", 2)])
+            first, second = q.poll_many(2)
+            firsts.append(first.lock_token)
+            seconds.append(second.lock_token)
+    with Client(sharded.router) as client:
+        assert client.ack_many(firsts) == len(names), "one batch ack across every partition"
+        assert client.extend(seconds[0], 60) is not None, "a lone token finds its partition"
+        with Queue(names[0], sharded.router) as q:
+            assert q.poll_many(5, ack=seconds[1:]) == [], "acks of other partitions' tokens, then a poll"
+        left = [s for s in client.stats() if s.queue in names]
+        assert [(s.queue, s.leased) for s in left if s.leased] == [(names[0], 1)], "only one lease is left"
+    purge(sharded.router, names)
+
+
+def test_message_ids_say_their_partition(sharded: Sharded) -> None:
+    names = [f"ids-{n}" for n in range(8)]
+    for name in names:
+        with Queue(name, sharded.router) as q:
+            q.offer_many([(f"k{i}", i) for i in range(3)])
+    count = len(sharded.partitions)
+    for number, partition in enumerate(sharded.partitions):
+        with psycopg.connect(partition) as conn:
+            ids = [row[0] for row in conn.execute("SELECT id FROM dq_messages WHERE queue LIKE 'ids-%'")]
+        assert ids and all(i % count == number for i in ids)
+    purge(sharded.router, names)
+
+
+def test_overviews_merge_every_partition(sharded: Sharded) -> None:
+    names = [f"merge-{n}" for n in range(8)]
+    later = datetime.now(UTC) + timedelta(hours=1)
+    for name in names:
+        with Queue(name, sharded.router) as q:
+            q.offer("shared-key", 1, later)
+            q.schedule("nightly", "0 3 * * *")
+    with Client(sharded.router) as client:
+        stats = [s for s in client.stats() if s.queue in names]
+        assert [s.queue for s in stats] == sorted(names) and all(s.delayed == 1 for s in stats)
+        assert [s.delayed for s in client.stats(names[3])] == [1]
+        assert [s.queue for s in client.schedules() if s.queue in names] == sorted(names)
+        assert client.key_queues("shared-key") == sorted(names)
+    for name in names:
+        with Queue(name, sharded.router) as q:
+            q.unschedule("nightly")
+    purge(sharded.router, names)
+
+
+def test_a_null_queue_is_refused_as_without_a_router(sharded: Sharded) -> None:
+    with psycopg.connect(sharded.router) as conn, pytest.raises(psycopg.errors.NullValueNotAllowed, match="queue"):
+        conn.execute("SELECT dq_offer(NULL, 'k', '1')")
+
+
+def test_every_pgdq_function_has_a_route(conn: psycopg.Connection[Any]) -> None:
+    names = {r[0] for r in conn.execute("SELECT proname FROM pg_proc WHERE proname ~ '^dq_[a-z]'")}
+    assert names == shard.ROUTES.keys() | shard.NOT_ROUTED
+
+
+def test_what_init_refuses(sharded: Sharded, tmp_path: Path) -> None:
+    three = pgdq_cli("shard", "init", "--router", sharded.router, "--partitions", "a,b,c")
+    assert three.returncode == 2 and "1, 2, 4, ... or 256 of them, got 3" in three.stderr
+    other = pgdq_cli("shard", "init", "--router", sharded.router, "--partitions", sharded.partitions[0])
+    assert other.returncode == 1 and "moving queues between partitions is not supported" in other.stderr
+    again = pgdq_cli("shard", "init", "--router", sharded.router, "--partitions", ",".join(sharded.partitions))
+    assert again.returncode == 0, "init again with the same partitions: " + again.stderr
+    recreate_database("pgdq_not_a_router")
+    with psycopg.connect(dsn("pgdq_not_a_router"), autocommit=True) as c:
+        install_extension(c)
+    mixed = pgdq_cli("shard", "init", "--router", dsn("pgdq_not_a_router"), "--partitions", sharded.partitions[0])
+    assert mixed.returncode == 1 and "the router database has pgdq installed itself" in mixed.stderr
+    recreate_database("pgdq_empty")
+    bare = pgdq_cli("shard", "init", "--router", sharded.router, "--partitions", dsn("pgdq_empty"))
+    assert bare.returncode == 1 and "pgdq is not installed" in bare.stderr
+    for schema in ("bad$schema", "Mixed"):
+        with psycopg.connect(sharded.router) as conn, pytest.raises(InvalidArgument, match="schema"):
+            shard.init(conn, sharded.partitions, schema)
