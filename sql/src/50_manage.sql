@@ -138,19 +138,23 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    v_rows tid[];
     v_deleted bigint;
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_purge.queue);
     -- Locks in key order, like dq_offer_many, so the two never deadlock.
-    WITH doomed AS (
-        SELECT m.id FROM @extschema@.dq_messages AS m
+    v_rows := ARRAY(
+        SELECT m.ctid FROM @extschema@.dq_messages AS m
         WHERE m.queue = dq_purge.queue
         ORDER BY m.key
-        FOR UPDATE
-    )
+        FOR UPDATE OF m
+    );
+    -- Deleted by address (as dq_ack_many does): a TID scan whatever the
+    -- statistics say, where a join back on id planned a nested loop over
+    -- every pair of rows when the table was last analyzed empty (minutes
+    -- for 100,000 messages).
     DELETE FROM @extschema@.dq_messages AS m
-    USING doomed AS d
-    WHERE m.id = d.id;
+    WHERE m.ctid = ANY(v_rows);
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
     -- slots the leases held are free: every group of the queue looks again
     -- (and is forgotten if it has no message and no limits)
