@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import sys
 import time
 from datetime import timedelta
@@ -23,21 +22,16 @@ from typing import Any
 
 import psycopg
 from pgdq import Queue
+from stopping import until_sigterm
 
 
 def run(dsn: str, queue: str, lease: timedelta) -> None:
     """Poll, log, work, ack or nack, until SIGTERM."""
-    stop = False
-
-    def on_term(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_term)
+    stopped = until_sigterm()
     rng = random.Random(os.getpid())
     conn: psycopg.Connection[Any] = psycopg.connect(dsn, autocommit=True)
     q = Queue(queue, conn, lease=lease)
-    while not stop:
+    while not stopped():
         with conn.transaction():
             got = q.poll_many(rng.randint(1, 4), conn=conn)
             for d in got:
