@@ -153,6 +153,9 @@ def test_what_init_refuses(sharded: Sharded, tmp_path: Path) -> None:
     recreate_database("pgdq_empty")
     bare = pgdq_cli("shard", "init", "--router", sharded.router, "--partitions", dsn("pgdq_empty"))
     assert bare.returncode == 1 and "pgdq is not installed" in bare.stderr
+    # reachable from here through PG*, but the router's server connects to its own default socket
+    local = pgdq_cli("shard", "init", "--router", dsn("pgdq_empty"), "--partitions", "dbname=pgdq_not_a_router")
+    assert local.returncode == 1 and "cannot reach every partition" in local.stderr, local.stderr
     for schema in ("bad$schema", "Mixed"):
         with psycopg.connect(sharded.router) as conn, pytest.raises(InvalidArgument, match="schema"):
             shard.init(conn, sharded.partitions, schema)

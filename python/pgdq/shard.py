@@ -82,6 +82,22 @@ def init(router: psycopg.Connection[Any], partitions: Sequence[str], schema: str
         _drop_functions(router, schema)
         for statement in router_script(schema, partitions, signatures, delivery):
             router.execute(statement)
+        _check_reachable(router, schema)
+
+
+def _check_reachable(router: psycopg.Connection[Any], schema: str) -> None:
+    """One call on every partition from the router's server, which connects
+    with its own defaults (a conninfo without host reaches its local socket)."""
+    try:
+        with router.transaction():  # a savepoint: the error is ours to word
+            router.execute(
+                sql.SQL("SELECT count(*) FROM {}.dq__all_key_queues('pgdq-shard-init')").format(sql.Identifier(schema))
+            )
+    except psycopg.Error as e:
+        raise PgdqError(
+            "the router's server cannot reach every partition (give each conninfo its host and port"
+            f" as the router's server sees them): {e}"
+        ) from e
 
 
 def _drop_functions(router: psycopg.Connection[Any], schema: str) -> None:
