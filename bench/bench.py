@@ -33,7 +33,7 @@ from common import fresh_db, n, server_ms
 from over_http import w9_http
 from pgdq import AsyncDelivery, Queue, Worker
 from rich.console import Console
-from systems import QUEUE, SYSTEMS, System, lateness_times
+from systems import QUEUE, ROUTED, SYSTEMS, System, lateness_times
 
 ROOT = Path(__file__).resolve().parent.parent
 console = Console(stderr=True)
@@ -42,7 +42,7 @@ console = Console(stderr=True)
 def _client(target: Callable[..., Any], args: tuple[Any, ...], barrier: Any, out: Any) -> None:
     """One client process: open the system's client, wait for the others, run, report."""
     conninfo, system_name, *rest = args
-    system = SYSTEMS[system_name]
+    system = KNOWN[system_name]
     native = getattr(system, "native", None)
     if native is not None:  # a client in another language runs the whole body
         barrier.wait()
@@ -377,17 +377,22 @@ WORKLOADS = {
 
 
 REPEATED = ("W1", "W2", "W3")  # short throughput runs: repeated, interleaved, median kept
+KNOWN = {**SYSTEMS, **ROUTED}  # every system a --systems may name; by default SYSTEMS run
+# W10, the hop through a pgdq.shard router: W1-W3, direct and through routers over 1, 2 and 4 partitions
+W10 = ("W1,W2,W3", ",".join(["pgdq", *ROUTED]))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--systems", default=",".join(SYSTEMS))
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="W1,W2,...; W10 alone: W1-W3 through routers")
     parser.add_argument("--repeat", type=int, default=3, help="runs of W1-W3 per system, interleaved (median kept)")
     parser.add_argument("--quick", action="store_true", help="a tenth of every count, one run each (smoke run)")
     args = parser.parse_args()
+    if args.workloads == "W10":
+        args.workloads, args.systems = W10
     common.SCALE = 0.1 if args.quick else 1.0
-    names = [name for name in args.systems.split(",") if runnable(SYSTEMS[name])]
+    names = [name for name in args.systems.split(",") if runnable(KNOWN[name])]
     samples: dict[str, dict[str, list[float]]] = {name: {} for name in names}
     for w in args.workloads.split(","):
         runs = args.repeat if w in REPEATED and not args.quick else 1
@@ -396,7 +401,7 @@ def main() -> int:
             for name in names:
                 title = WORKLOADS[w].__doc__.splitlines()[0]  # type: ignore[union-attr]
                 console.print(f"[bold]{name}[/] (run {run}/{runs}): {title}")
-                for measure, value in WORKLOADS[w](SYSTEMS[name]).items():
+                for measure, value in WORKLOADS[w](KNOWN[name]).items():
                     samples[name].setdefault(measure, []).append(value)
     results = {name: {m: statistics.median(v) for m, v in got.items()} for name, got in samples.items()}
     print(render(results))

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from pgdq import AsyncQueue, install
+from pgdq import AsyncQueue, install, shard
 from pgdq._script import plain_sql, released_install_script
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 QUEUE = "bench"
@@ -193,6 +194,33 @@ class PgdqBeforeChannels(Pgdq):
     def setup(self, conninfo: str) -> None:
         with psycopg.connect(conninfo, autocommit=True) as conn, conn.transaction():
             conn.execute(plain_sql(BEFORE_CHANNELS.read_text(), "public").encode())
+
+
+class PgdqRouted(Pgdq):
+    """pgdq through a pgdq.shard router (PL/Proxy) over `partitions` databases
+    of the same cluster, through today's wrapper: the cost of the hop (W10)."""
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self.name = f"pgdq via router ({partitions})"
+        self.settings = f"as pgdq, through a PL/Proxy router over {partitions} partition databases on the same server"
+
+    def setup(self, conninfo: str) -> None:
+        router = psycopg.conninfo.conninfo_to_dict(conninfo)
+        partitions = []
+        with psycopg.connect("dbname=postgres", autocommit=True) as admin:
+            for number in range(self.partitions):
+                name = f"{router['dbname']}_p{number}"
+                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+                admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+                # the router's server connects with the host and port it is given, not our PG*
+                server = {"host": os.environ["PGHOST"], "port": os.environ["PGPORT"]}
+                partition = psycopg.conninfo.make_conninfo(conninfo, dbname=name, **server)
+                with psycopg.connect(partition, autocommit=True) as conn:
+                    install(conn)
+                partitions.append(partition)
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            shard.init(conn, partitions)
 
 
 class PgdqSql(System):
@@ -440,6 +468,8 @@ SYSTEMS: dict[str, System] = {
     s.name: s
     for s in (RawSql(), Pgdq(), PgdqSql(), PgdqBeforeChannels(), PgdqReleased(), Pgmq(), PgQueuer(), Procrastinate())
 }
+# W10 (the router's hop): chosen by name, never run by default (--systems names them)
+ROUTED = {s.name: s for s in (PgdqRouted(1), PgdqRouted(2), PgdqRouted(4))}
 
 
 GRAPHILE = Path(__file__).resolve().parent / "graphile"
