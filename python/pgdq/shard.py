@@ -238,7 +238,7 @@ def router_script(
             s, sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in delivery)
         ),
     ]
-    statements += [sql.SQL(text.replace("@s@", schema)) for text in _HELPERS]
+    statements += [sql.SQL(text.replace("@s@", schema).replace("@n@", str(len(partitions)))) for text in _HELPERS]
     for signature in signatures:
         statements += [sql.SQL(text.replace("@s@", schema)) for text in _functions(signature)]
     return statements
@@ -246,10 +246,9 @@ def router_script(
 
 # Where a queue, a token and the partitions are; @s@ is the schema.
 _HELPERS = [
-    # the number of partitions
-    f"""CREATE OR REPLACE FUNCTION @s@.dq__partition_count() RETURNS integer LANGUAGE sql STABLE
-    AS $$ SELECT count(*)::integer FROM pg_catalog.pg_foreign_server s,
-        pg_catalog.pg_options_to_table(s.srvoptions) o WHERE s.srvname = '{SERVER}' $$""",
+    # the number of partitions: a constant (init writes it; another set of partitions is refused)
+    """CREATE OR REPLACE FUNCTION @s@.dq__partition_count() RETURNS integer LANGUAGE sql IMMUTABLE
+    AS $$ SELECT @n@ $$""",
     # what PL/Proxy hashes for a queue (0 for NULL: the partition then refuses it as pgdq does)
     """CREATE OR REPLACE FUNCTION @s@.dq__queue_hash(queue text) RETURNS integer LANGUAGE sql IMMUTABLE
     AS $$ SELECT coalesce(pg_catalog.hashtext(queue), 0) $$""",
@@ -257,7 +256,7 @@ _HELPERS = [
     """CREATE OR REPLACE FUNCTION @s@.dq__token_hash(token uuid) RETURNS integer LANGUAGE sql IMMUTABLE
     AS $$ SELECT coalesce(pg_catalog.get_byte(pg_catalog.uuid_send(token), 7), 0) $$""",
     # the number of the partition that owns queue
-    """CREATE OR REPLACE FUNCTION @s@.dq_shard_number(queue text) RETURNS integer LANGUAGE sql STABLE
+    """CREATE OR REPLACE FUNCTION @s@.dq_shard_number(queue text) RETURNS integer LANGUAGE sql IMMUTABLE
     AS $$ SELECT @s@.dq__queue_hash(queue) & (@s@.dq__partition_count() - 1) $$""",
     # the conninfo of the partition that owns queue (a worker LISTENs there)
     f"""CREATE OR REPLACE FUNCTION @s@.dq_shard_partition(queue text) RETURNS text LANGUAGE sql STABLE
