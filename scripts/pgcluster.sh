@@ -95,6 +95,12 @@ running() { as_owner "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1; }
 start() {
   init
   running && return 0
+  if port_in_use "$port"; then
+    # another checkout's cluster took our port while we were stopped: move
+    while port_in_use "$port"; do port=$((port + 1)); done
+    echo "$port" >"$base/port"
+    echo "port = $port" | as_owner tee -a "$data/postgresql.conf" >/dev/null
+  fi
   as_owner "$bindir/pg_ctl" -D "$data" -l "$base/server.log" -w -t 60 start >/dev/null
 }
 

@@ -37,7 +37,8 @@ step "pytest, 1.0.0 upgraded in place" env PGDQ_TEST_INSTALL=upgrade PGDQ_TEST_D
 # then 4, partition clusters of their own (test-shard0, ...); stopped after.
 api_tests=(tests/test_queue.py tests/test_queue_async.py tests/test_browse.py tests/test_browse_async.py
   tests/test_channels.py tests/test_channels_async.py tests/test_transactional.py tests/test_transactional_async.py
-  tests/test_schedules.py tests/test_cron_service.py tests/test_cron_service_async.py tests/test_worker.py)
+  tests/test_schedules.py tests/test_cron_service.py tests/test_cron_service_async.py tests/test_worker.py
+  tests/test_cli.py)
 for n in 2 4; do
   step "pytest, the Python API through a router over $n partitions" env PGDQ_TEST_SHARDS=$n \
     PGDQ_TEST_DB=pgdq_py_sharded .venv/bin/pytest -q "${api_tests[@]}"

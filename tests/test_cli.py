@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner, Result
-from conftest import dsn, recreate_database
+from conftest import IN_YOUR_TRANSACTION, dsn, recreate_database, unsharded
 from pgdq import Queue
 from pgdq import __version__ as pgdq_version
 from pgdq.cli import main
@@ -201,6 +201,7 @@ def test_offer_json_lines_says_which_batch_the_server_refused(database: str, que
         assert [m.key for m in q.peek()] == ["a", "b"]
 
 
+@unsharded(IN_YOUR_TRANSACTION)
 def test_offer_json_lines_atomic_is_all_or_nothing(database: str, queue_name: str) -> None:
     good = [{"key": f"k{i}", "payload": i} for i in range(5)]
     for bad in ('{"key": "k5"', {"key": "", "payload": 0}):
@@ -355,6 +356,7 @@ def on_terminal(database: str, *args: str, columns: int, stdin: str | None = Non
     return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode()).replace("\r", "")
 
 
+@unsharded("reads pg_extension of the test database")
 def test_every_command_takes_one_schema_default_and_json(database: str, empty: str) -> None:
     with psycopg.connect(database, autocommit=True) as conn:
         schema = conn.execute(

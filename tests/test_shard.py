@@ -6,6 +6,8 @@ scripts/test.sh runs them with PGDQ_TEST_SHARDS=2 and 4.)"""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -126,6 +128,20 @@ def test_overviews_merge_every_partition(sharded: Sharded) -> None:
         with Queue(name, sharded.router) as q:
             q.unschedule("nightly")
     purge(sharded.router, names)
+
+
+def test_the_command_line_refuses_an_atomic_import_through_a_router(sharded: Sharded) -> None:
+    lines = '{"key": "a", "payload": 1}\n'
+    atomic = subprocess.run(
+        [sys.executable, "-m", "pgdq", "offer", "q", "--jsonl", "--atomic", "--dsn", sharded.router],
+        input=lines,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert atomic.returncode == 2 and "import on the partition that owns the queue" in atomic.stderr
+    with Queue("q", sharded.router) as q:
+        assert q.get("a") is None, "nothing written"
 
 
 def test_a_null_queue_is_refused_as_without_a_router(sharded: Sharded) -> None:

@@ -13,6 +13,7 @@ import click
 import psycopg
 
 from ._cli_base import (
+    BadInput,
     NothingThere,
     _client,
     _database,
@@ -31,6 +32,7 @@ from ._cli_base import (
 from ._sync_queue import Queue
 from .errors import PgdqError
 from .model import Message
+from .shard import is_router
 
 # --- producing ----------------------------------------------------------------------
 
@@ -100,6 +102,11 @@ def _offer_lines(
     transaction with atomic); the counts of their outcomes."""
     counts = {"created": 0, "updated": 0, "ignored": 0}
     with _database(dsn, schema) as conn, _progress(queue) as advance:
+        if atomic and is_router(conn, schema):
+            raise BadInput(
+                "--atomic: through a PL/Proxy router each batch commits on its partition by itself;"
+                " import on the partition that owns the queue (the router's dq_shard_partition names it)"
+            )
         q = Queue(queue, conn, schema=schema)
         with conn.transaction() if atomic else nullcontext():
             chunk: list[Message] = []

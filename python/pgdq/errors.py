@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import psycopg
 
 
@@ -53,10 +55,15 @@ _BY_SQLSTATE: dict[str, type[PgdqError]] = {
 }
 
 
+# What PL/Proxy puts before a partition's error (pgdq.shard): "public.dq_offer(7): [db] REMOTE ERROR: "
+_REMOTE = re.compile(r"^[\w.]+\(\d+\): \[[^\]]*\] REMOTE ERROR: ")
+
+
 def translate(error: psycopg.Error) -> Exception:
-    """The pgdq exception for a server error, or the error itself if none fits."""
+    """The pgdq exception for a server error, or the error itself if none
+    fits; through a pgdq.shard router, with the partition's own message."""
     cls = _BY_SQLSTATE.get(error.sqlstate or "")
     if cls is None:
         return error
-    primary = error.diag.message_primary or str(error)
+    primary = _REMOTE.sub("", error.diag.message_primary or str(error), count=1)
     return cls(primary, error.sqlstate)

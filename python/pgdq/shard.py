@@ -343,10 +343,15 @@ def owners_statement(schema: str) -> sql.Composed:
     )
 
 
+def is_router(conn: psycopg.Connection[Any], schema: str = "public") -> bool:
+    """Whether conn's database is a pgdq.shard router (for schema)."""
+    found = conn.execute(IS_ROUTER, (schema,)).fetchone()
+    return bool(found and found[0])
+
+
 def partitions_of(conn: psycopg.Connection[Any], queues: Sequence[str], schema: str = "public") -> set[str] | None:
     """The conninfos of the partitions owning queues when conn is a router, else None."""
-    found = conn.execute(IS_ROUTER, (schema,)).fetchone()
-    if not (found and found[0]):
+    if not is_router(conn, schema):
         return None
     return {str(row[0]) for row in conn.execute(owners_statement(schema), (list(queues),))}
 
