@@ -17,6 +17,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import sys
 import threading
@@ -68,7 +69,13 @@ def run_clients(clients: int, target: Callable[..., Any], *args: Any) -> tuple[i
     procs = [ctx.Process(target=_client, args=(target, (*args, i), barrier, out)) for i in range(clients)]
     for p in procs:
         p.start()
-    results = [out.get() for _ in procs]
+    results: list[Any] = []
+    while len(results) < len(procs):
+        try:
+            results.append(out.get(timeout=1))
+        except queue.Empty:
+            if failed := [p.exitcode for p in procs if p.exitcode not in (None, 0)]:
+                raise RuntimeError(f"a bench client exited with {failed[0]} (its traceback is above)") from None
     for p in procs:
         p.join()
     done = sum(r[0] for r in results)
