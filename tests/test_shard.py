@@ -6,8 +6,11 @@ scripts/test.sh runs them with PGDQ_TEST_SHARDS=2 and 4.)"""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -169,9 +172,25 @@ def test_what_init_refuses(sharded: Sharded, tmp_path: Path) -> None:
     recreate_database("pgdq_empty")
     bare = pgdq_cli("shard", "init", "--router", sharded.router, "--partitions", dsn("pgdq_empty"))
     assert bare.returncode == 1 and "pgdq is not installed" in bare.stderr
-    # reachable from here through PG*, but the router's server connects to its own default socket
-    local = pgdq_cli("shard", "init", "--router", dsn("pgdq_empty"), "--partitions", "dbname=pgdq_not_a_router")
-    assert local.returncode == 1 and "cannot reach every partition" in local.stderr, local.stderr
     for schema in ("bad$schema", "Mixed"):
         with psycopg.connect(sharded.router) as conn, pytest.raises(InvalidArgument, match="schema"):
             shard.init(conn, sharded.partitions, schema)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs a path only we can reach: as root, the servers run as postgres")
+def test_init_refuses_partitions_the_router_cannot_reach(database: str) -> None:
+    """A partition's conninfo that works from here but not from the router's
+    server (here: a socket path in a directory only root may enter)."""
+    private = Path(tempfile.mkdtemp(dir="/tmp"))  # mode 700, ours
+    socket = Path(os.environ["PGHOST"]) / f".s.PGSQL.{os.environ['PGPORT']}"
+    (private / socket.name).symlink_to(socket)
+    recreate_database("pgdq_hidden")
+    hidden = psycopg.conninfo.make_conninfo(host=str(private), port=os.environ["PGPORT"], dbname="pgdq_hidden")
+    with psycopg.connect(hidden, autocommit=True) as c:
+        install_extension(c)
+    recreate_database("pgdq_lonely_router")
+    refused = pgdq_cli("shard", "init", "--router", dsn("pgdq_lonely_router"), "--partitions", hidden)
+    assert refused.returncode == 1 and "cannot reach every partition" in refused.stderr, refused.stderr
+    with psycopg.connect(dsn("pgdq_lonely_router")) as router:
+        assert not shard.is_router(router), "nothing written"
+    shutil.rmtree(private)
