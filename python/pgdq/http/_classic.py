@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, JsonValue, StrictInt
 
 from .. import AsyncDelivery
-from ._app import CLASSIC_PATH, ApiError, authorize
+from ._access import CLASSIC_PATH, ApiError, authorize
 from ._models import MAX_BATCH, MAX_WAIT, Body, Key, LeaseSeconds, Number, Seconds
 from ._v1 import _at, _client, _queue, poll_waiting
 

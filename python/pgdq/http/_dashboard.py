@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
 from ..model import QueueStats
-from ._app import TOKEN_COOKIE, ApiError, authorize, presented_token
+from ._access import TOKEN_COOKIE, ApiError, authorize, presented_token
 from ._auth import find_token
 from ._v1 import QueueName, _client, _queue
 

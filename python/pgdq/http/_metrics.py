@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import AsyncClient
 from ..model import DeadLetterStats, QueueStats
-from ._app import authorize
+from ._access import authorize
 
 
 class RequestMetrics:

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from .. import AsyncClient, AsyncDelivery, AsyncQueue
 from ..model import Message, QueueStats
-from ._app import ApiError, authorize
+from ._access import ApiError, authorize
 from ._models import (
     AckIn,
     AckOut,

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Request
 
 from ..model import DeadLetterStats
-from ._app import ApiError, authorize
+from ._access import ApiError, authorize
 from ._models import (
     MAX_BATCH,
     ChannelIn,

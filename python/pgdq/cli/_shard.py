@@ -5,9 +5,9 @@ from __future__ import annotations
 import click
 import psycopg
 
-from ._cli_base import BadInput, _connect, _emit, _reason, json_option, schema_option
-from .errors import InvalidArgument, PgdqError
-from .shard import init as init_router
+from ..errors import InvalidArgument, PgdqError
+from ..shard import init as init_router
+from ._base import BadInput, _connect, _emit, _reason, json_option, schema_option
 
 
 @click.group()

@@ -12,7 +12,11 @@ from datetime import timedelta
 import click
 import psycopg
 
-from ._cli_base import (
+from .._sync_queue import Queue
+from ..errors import PgdqError
+from ..model import Message
+from ..shard import is_router
+from ._base import (
     BadInput,
     NothingThere,
     _client,
@@ -29,10 +33,6 @@ from ._cli_base import (
     _when,
     common_options,
 )
-from ._sync_queue import Queue
-from .errors import PgdqError
-from .model import Message
-from .shard import is_router
 
 # --- producing ----------------------------------------------------------------------
 

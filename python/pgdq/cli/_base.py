@@ -18,11 +18,11 @@ from uuid import UUID
 import click
 import psycopg
 
-from ._script import check_schema
-from ._sync_queue import Client, Queue
-from .errors import InvalidArgument, PgdqError
-from .install import ServerWarning, installed_version
-from .model import DecodedPayload
+from .._script import check_schema
+from .._sync_queue import Client, Queue
+from ..errors import InvalidArgument, PgdqError
+from ..install import ServerWarning, installed_version
+from ..model import DecodedPayload
 
 
 class BadInput(click.ClickException):

@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 
 import click
 
-from ._cli_base import (
+from ..model import ChannelInfo
+from ._base import (
     _cell,
     _client,
     _emit,
@@ -19,7 +20,6 @@ from ._cli_base import (
     _when,
     common_options,
 )
-from .model import ChannelInfo
 
 # --- looking and managing --------------------------------------------------------------
 

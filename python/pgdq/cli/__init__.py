@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import click
 
-from . import __version__
-from ._cli_manage import cancel, channel, channels, dead_letters, peek, purge, schedules, stats
-from ._cli_messages import ack, nack, offer, poll
-from ._cli_serve import serve, token
-from ._cli_setup import install, uninstall, upgrade, version, worker
-from ._cli_shard import shard
+from .. import __version__
+from ._manage import cancel, channel, channels, dead_letters, peek, purge, schedules, stats
+from ._messages import ack, nack, offer, poll
+from ._serve import serve, token
+from ._setup import install, uninstall, upgrade, version, worker
+from ._shard import shard
 
 
 @click.group()

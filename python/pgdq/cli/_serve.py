@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from ._cli_base import BadInput, dsn_option, schema_option
-from ._cli_setup import _check_worker_database, _configure_logging
+from ._base import BadInput, dsn_option, schema_option
+from ._setup import _check_worker_database, _configure_logging
 
 
 def is_loopback(host: str) -> bool:
@@ -48,7 +48,7 @@ def serve(
     Without --tokens it listens on loopback only."""
     import uvicorn
 
-    from .http import Settings, create_app, load_tokens
+    from ..http import Settings, create_app, load_tokens
 
     if tokens_file is None and not is_loopback(host):
         raise BadInput(f"refusing to serve on {host} without --tokens: anyone who can reach it could use every queue")
@@ -80,7 +80,7 @@ def token() -> None:
 @click.option("--queue", "queues", multiple=True, help="a queue it may touch; repeat; default every queue")
 def token_new(tokens_file: str, name: str, scopes: tuple[str, ...], queues: tuple[str, ...]) -> None:
     """Add a token to TOKENS_FILE (which keeps only its SHA-256) and print it, once."""
-    from .http import new_token
+    from ..http import new_token
 
     path = Path(tokens_file)
     data = json.loads(path.read_text()) if path.exists() else {"tokens": []}

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 import click
 import psycopg
 
-from . import __version__
-from ._cli_base import (
+from .. import __version__
+from ..errors import PgdqError
+from ._base import (
     BadInput,
     CannotConnect,
     _connect,
@@ -28,14 +29,13 @@ from ._cli_base import (
     dsn_option,
     schema_option,
 )
-from .errors import PgdqError
 
 if TYPE_CHECKING:
-    from ._worker_metrics import WorkerMetrics
-from .install import install as install_sql
-from .install import installed_version
-from .install import uninstall as uninstall_sql
-from .install import upgrade as upgrade_sql
+    from .._worker_metrics import WorkerMetrics
+from ..install import install as install_sql
+from ..install import installed_version
+from ..install import uninstall as uninstall_sql
+from ..install import upgrade as upgrade_sql
 
 # --- installing -------------------------------------------------------------------
 
@@ -162,7 +162,7 @@ def _worker_metrics(queues: tuple[str, ...], port: int | None, host: str) -> Wor
     """The worker's metrics server on host:port, or None without a port; BadInput if it cannot start."""
     if port is None:
         return None
-    from ._worker_metrics import WorkerMetrics
+    from .._worker_metrics import WorkerMetrics
 
     try:
         return WorkerMetrics(queues, port, host)
@@ -224,7 +224,7 @@ def worker(
 ) -> None:
     """Consume queues with a handler until SIGTERM / SIGINT (exit 0 when clean).
     Logs go to stderr: `time LEVEL logger: message` lines, or JSON with --json."""
-    from .worker import Worker
+    from ..worker import Worker
 
     fn = _import_handler(handler_spec)
     _check_worker_database(dsn, schema)
