@@ -45,8 +45,9 @@ INSERT INTO expected VALUES
 ),
 ('dq_poll', 'queue text, lease interval DEFAULT ''00:05:00''::interval', 'SETOF dq_delivery'),
 ('dq_poll_many', 'queue text, max_count integer, lease interval DEFAULT ''00:05:00''::interval', 'SETOF dq_delivery'),
-('dq_ack', 'lock_token uuid', 'boolean'),
-('dq_ack_many', 'lock_tokens uuid[]', 'integer'),
+-- the lock-token functions' last argument queue (1.2)
+('dq_ack', 'lock_token uuid, queue text DEFAULT NULL::text', 'boolean'),
+('dq_ack_many', 'lock_tokens uuid[], queue text DEFAULT NULL::text', 'integer'),
 (
     'dq_ack_poll',
     'lock_tokens uuid[], queue text, max_count integer, lease interval DEFAULT ''00:05:00''::interval',
@@ -54,10 +55,14 @@ INSERT INTO expected VALUES
 ),
 (
     'dq_nack',
-    'lock_token uuid, retry_at timestamp with time zone DEFAULT NULL::timestamp with time zone, state jsonb DEFAULT NULL::jsonb, error text DEFAULT NULL::text',  -- noqa: LT05
+    'lock_token uuid, retry_at timestamp with time zone DEFAULT NULL::timestamp with time zone, state jsonb DEFAULT NULL::jsonb, error text DEFAULT NULL::text, queue text DEFAULT NULL::text',  -- noqa: LT05
     'boolean'
 ),
-('dq_extend', 'lock_token uuid, lease interval', 'timestamp with time zone'),
+(
+    'dq_extend',
+    'lock_token uuid, lease interval, queue text DEFAULT NULL::text',
+    'timestamp with time zone'
+),
 ('dq_cancel', 'queue text, key text', 'boolean'),
 (
     'dq_get',
@@ -81,7 +86,11 @@ INSERT INTO expected VALUES
 ('dq_cron_uninstall', 'queue text, key_prefix text, config_hash text DEFAULT NULL::text', 'integer'),
 -- pgdq's additions: dead letters and queue settings
 ('dq_configure', 'queue text, max_attempts integer', 'void'),
-('dq_dead_letter', 'lock_token uuid, error text DEFAULT NULL::text', 'boolean'),
+(
+    'dq_dead_letter',
+    'lock_token uuid, error text DEFAULT NULL::text, queue text DEFAULT NULL::text',
+    'boolean'
+),
 (
     'dq_dead_list',
     'queue text, max_count integer DEFAULT 100',
@@ -183,7 +192,7 @@ SELECT is(
     'every pgdq function pins search_path (or schema-qualifies everything)'
 );
 
-SELECT is(dq_version(), '1.1.0', 'dq_version() is the package version');
+SELECT is(dq_version(), '1.2.0', 'dq_version() is the package version');
 SELECT is(
     dq_version(), (
         SELECT extversion FROM pg_extension

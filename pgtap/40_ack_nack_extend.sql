@@ -1,7 +1,7 @@
 -- dq_ack, dq_ack_many, dq_nack, dq_extend: current vs stale tokens, NULLs,
 -- retry times, checkpoints, heartbeats; dq_ack_poll.
 BEGIN;
-SELECT plan(62);
+SELECT plan(81);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 SELECT dq_offer_many('t_ack', ARRAY['a', 'b', 'c', 'd', 'e'], ARRAY['1', '2', '3', '4', '5']::jsonb[]);
@@ -198,6 +198,66 @@ SELECT is(
     'a batch offer updates it'
 );
 SELECT is((SELECT last_error FROM dq_peek('t_err')), NULL, 'and clears last_error too');
+
+-- tokens in their queue (1.2): given a queue, a token of another queue's
+-- message is stale for every lock-token function, whatever its lease, and
+-- that message is untouched; a NULL queue is any queue, as in 1.1
+SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
+SELECT dq_offer_many('t_tq_b', ARRAY['b1', 'b2'], ARRAY['1', '2']::jsonb[]);
+SELECT dq_channel_set('t_tq_b', 'limited', 1);
+SELECT dq_offer('t_tq_b', 'b3', '3', NULL, TRUE, 'limited');
+SELECT dq_offer('t_tq_a', 'a1', '1');
+CREATE TEMP TABLE tq AS SELECT key, lock_token FROM dq_poll_many('t_tq_b', 3, '1 minute');
+CREATE TEMP TABLE tq_a AS SELECT key, lock_token FROM dq_poll('t_tq_a', '1 minute');
+CREATE FUNCTION pg_temp.tq(k text) RETURNS uuid LANGUAGE sql AS $$ SELECT lock_token FROM tq WHERE key = k $$;
+CREATE TEMP TABLE tq_before AS
+SELECT key, lock_token, due_at, attempts, state, last_error FROM dq_messages WHERE queue = 't_tq_b';
+SELECT is((SELECT count(*)::int FROM tq_before WHERE lock_token IS NOT NULL), 3, 'three messages of t_tq_b leased');
+SELECT ok(NOT dq_ack(pg_temp.tq('b1'), 't_tq_a'), 'dq_ack of a token of t_tq_b, given t_tq_a: stale');
+SELECT is(
+    dq_ack_many(ARRAY[pg_temp.tq('b1'), pg_temp.tq('b2'), pg_temp.tq('b3')], 't_tq_a'), 0,
+    'dq_ack_many counts none of them'
+);
+SELECT ok(
+    NOT dq_nack(pg_temp.tq('b1'), '2024-01-01 11:00:00+00', '{"x": 1}', 'boom', 't_tq_a'),
+    'dq_nack: stale'
+);
+SELECT is(dq_extend(pg_temp.tq('b1'), '1 hour', 't_tq_a'), NULL, 'dq_extend: stale');
+SELECT is(dq_extend(pg_temp.tq('b3'), '1 hour', 't_tq_a'), NULL, 'dq_extend of a channel''s message: stale');
+SELECT set_config('dq.now', '2024-01-01 10:05:00+00', TRUE);
+SELECT ok(NOT dq_ack(pg_temp.tq('b2'), 't_tq_a'), 'stale even after the lease ended (not leased again)');
+SELECT is(dq_extend(pg_temp.tq('b3'), '1 hour', 't_tq_a'), NULL, 'and dq_extend of the ended lease too');
+SELECT results_eq(
+    $$SELECT key, lock_token, due_at, attempts, state, last_error FROM dq_messages
+    WHERE queue = 't_tq_b' ORDER BY key$$,
+    $$SELECT * FROM tq_before ORDER BY key$$,
+    'the messages of t_tq_b are untouched: same tokens, due times, attempts, state, last_error'
+);
+SELECT is(
+    dq_ack_many(ARRAY[pg_temp.tq('b1'), (SELECT lock_token FROM tq_a)], 't_tq_a'), 1,
+    'a batch with a token of each queue acks only the given queue''s'
+);
+SELECT is((SELECT count(*)::int FROM dq_messages WHERE queue = 't_tq_b'), 3, 'and t_tq_b keeps its messages');
+SELECT isnt(dq_extend(pg_temp.tq('b1'), '1 minute', 't_tq_b'), NULL, 'given its own queue, a token extends');
+SELECT ok(dq_nack(pg_temp.tq('b1'), NULL, NULL, NULL, 't_tq_b'), 'and nacks');
+SELECT is(dq_ack_many(ARRAY[pg_temp.tq('b2')], 't_tq_b'), 1, 'and acks in a batch');
+SELECT ok(dq_ack(pg_temp.tq('b3'), NULL), 'a NULL queue acks a token of any queue (1.1)');
+SELECT throws_ok(
+    format('SELECT dq_ack(%L, %L)', gen_random_uuid(), ''), '22023',
+    'pgdq: queue must be 1 to 100 characters long, got 0', 'dq_ack: an empty queue is 22023'
+);
+SELECT throws_ok(
+    format('SELECT dq_ack_many(ARRAY[%L]::uuid[], %L)', gen_random_uuid(), repeat('q', 101)), '22023',
+    'pgdq: queue must be 1 to 100 characters long, got 101', 'dq_ack_many: a queue too long is 22023'
+);
+SELECT throws_ok(
+    format('SELECT dq_nack(%L, NULL, NULL, NULL, %L)', gen_random_uuid(), ''), '22023',
+    'pgdq: queue must be 1 to 100 characters long, got 0', 'dq_nack: 22023'
+);
+SELECT throws_ok(
+    format('SELECT dq_extend(%L, %L, %L)', gen_random_uuid(), '1 minute', ''), '22023',
+    'pgdq: queue must be 1 to 100 characters long, got 0', 'dq_extend: 22023'
+);
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -2,7 +2,7 @@
 -- dq_dead_letter, max_attempts enforced by polls, dq_dead_list,
 -- dq_dead_redrive, dq_dead_purge.
 BEGIN;
-SELECT plan(38);
+SELECT plan(44);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 -- dq_dead_letter: the consumer gives up
@@ -18,6 +18,24 @@ SELECT is(
 SELECT ok(NOT dq_dead_letter((SELECT lock_token FROM d1), 'again'), 'a stale token dead-letters nothing');
 SELECT ok(NOT dq_dead_letter(NULL), 'a NULL token is stale');
 SELECT is((SELECT error FROM dq_dead_list('t_dl')), 'boom', 'the stale call changed nothing');
+
+-- tokens in their queue (1.2): given another queue, the token is stale and
+-- the message stays leased as it was; given its own, it dead-letters
+SELECT dq_offer('t_dl_b', 'b', '{"v": 1}');
+CREATE TEMP TABLE db AS SELECT * FROM dq_poll('t_dl_b', '1 minute');
+SELECT ok(NOT dq_dead_letter((SELECT lock_token FROM db), 'boom', 't_dl'), 'a token of another queue is stale');
+SELECT results_eq(
+    $$SELECT lock_token, due_at, attempts FROM dq_messages WHERE queue = 't_dl_b'$$,
+    $$SELECT lock_token, lease_until, attempts FROM db$$,
+    'and its message is still leased, with the same attempts'
+);
+SELECT is((SELECT count(*)::int FROM dq_dead_list('t_dl_b')), 0, 'and no dead letter');
+SELECT throws_ok(
+    format('SELECT dq_dead_letter(%L, NULL, %L)', (SELECT lock_token FROM db), repeat('q', 101)), '22023',
+    'pgdq: queue must be 1 to 100 characters long, got 101', 'a queue too long is 22023'
+);
+SELECT ok(dq_dead_letter((SELECT lock_token FROM db), 'boom', 't_dl_b'), 'given its own queue it dead-letters');
+SELECT is((SELECT count(*)::int FROM dq_dead_list('t_dl_b')), 1, 'a dead letter of t_dl_b');
 
 -- the same key fails again: its dead letter is replaced
 SELECT dq_offer('t_dl', 'a', '{"v": 2}');

@@ -112,7 +112,8 @@ END
 $$;
 
 -- Delete the message whose current delivery is lock_token; false when stale.
-CREATE FUNCTION dq_ack(lock_token uuid) RETURNS boolean
+-- With queue given, a token of another queue's message is stale too (1.2).
+CREATE FUNCTION dq_ack(lock_token uuid, queue text DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
@@ -124,9 +125,13 @@ DECLARE
     v_channel text;
     v_until timestamptz;
 BEGIN
+    IF dq_ack.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_ack.queue) THEN
+        PERFORM @extschema@.dq__check_queue(dq_ack.queue);
+    END IF;
     DELETE FROM @extschema@.dq_messages AS m
     WHERE m.id = @extschema@.dq__token_id(dq_ack.lock_token)
         AND m.lock_token = dq_ack.lock_token
+        AND (dq_ack.queue IS NULL OR m.queue = dq_ack.queue)
     RETURNING m.queue, m.channel, m.due_at INTO v_queue, v_channel, v_until;
     IF NOT FOUND THEN
         RETURN FALSE;
@@ -172,8 +177,9 @@ BEGIN
 END
 $$;
 
--- Ack a batch of tokens: the number of messages deleted; stale ones are skipped.
-CREATE FUNCTION dq_ack_many(lock_tokens uuid[]) RETURNS integer
+-- Ack a batch of tokens: the number of messages deleted; stale ones are
+-- skipped (with queue given, another queue's too: 1.2).
+CREATE FUNCTION dq_ack_many(lock_tokens uuid[], queue text DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
@@ -186,6 +192,9 @@ DECLARE
     v_channels text[];
     v_dues timestamptz[];
 BEGIN
+    IF dq_ack_many.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_ack_many.queue) THEN
+        PERFORM @extschema@.dq__check_queue(dq_ack_many.queue);
+    END IF;
     -- Rows are locked in (queue, key) order, the order dq_offer_many locks
     -- in, so a batch ack and a batch offer never deadlock.
     v_rows := ARRAY(
@@ -193,6 +202,7 @@ BEGIN
         FROM @extschema@.dq_messages AS m
         INNER JOIN unnest(lock_tokens) AS t (token)
             ON m.id = @extschema@.dq__token_id(t.token) AND m.lock_token = t.token
+        WHERE dq_ack_many.queue IS NULL OR m.queue = dq_ack_many.queue
         ORDER BY m.queue, m.key
         FOR UPDATE OF m
     );
@@ -240,12 +250,14 @@ $$;
 
 -- Give a leased message back, due at retry_at (NULL: now), with the
 -- consumer's error (its last dq__error_max_length() characters; NULL: none)
--- as the message's last_error; false when stale.
+-- as the message's last_error; false when stale (with queue given, also
+-- when the token is another queue's: 1.2).
 CREATE FUNCTION dq_nack(
     lock_token uuid,
     retry_at timestamptz DEFAULT NULL,
     state jsonb DEFAULT NULL,
-    error text DEFAULT NULL
+    error text DEFAULT NULL,
+    queue text DEFAULT NULL
 ) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -264,6 +276,9 @@ BEGIN
     IF NOT coalesce(isfinite(dq_nack.retry_at), TRUE) THEN
         PERFORM @extschema@.dq__check_finite(dq_nack.retry_at, 'retry_at');
     END IF;
+    IF dq_nack.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_nack.queue) THEN
+        PERFORM @extschema@.dq__check_queue(dq_nack.queue);
+    END IF;
     UPDATE @extschema@.dq_messages AS m
     SET lock_token = NULL,
         due_at = coalesce(dq_nack.retry_at, v_now),
@@ -271,6 +286,7 @@ BEGIN
         last_error = right(dq_nack.error, @extschema@.dq__error_max_length())
     WHERE m.id = @extschema@.dq__token_id(dq_nack.lock_token)
         AND m.lock_token = dq_nack.lock_token
+        AND (dq_nack.queue IS NULL OR m.queue = dq_nack.queue)
     RETURNING m.queue, m.due_at, m.channel, m.priority INTO v_queue, v_due_at, v_channel, v_priority;
     IF NOT FOUND THEN
         RETURN FALSE;
@@ -289,11 +305,13 @@ BEGIN
 END
 $$;
 
--- Heartbeat: lease until now + lease; the new lease_until, NULL when stale.
+-- Heartbeat: lease until now + lease; the new lease_until, NULL when stale
+-- (with queue given, also when the token is another queue's: 1.2).
 -- A lease that has ended comes back only while its channel has a free slot.
 CREATE FUNCTION dq_extend(
     lock_token uuid,
-    lease interval
+    lease interval,
+    queue text DEFAULT NULL
 ) RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -309,10 +327,14 @@ BEGIN
     IF NOT @extschema@.dq__valid_lease(lease, v_now) THEN
         PERFORM @extschema@.dq__check_lease(lease, v_now);
     END IF;
+    IF dq_extend.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_extend.queue) THEN
+        PERFORM @extschema@.dq__check_queue(dq_extend.queue);
+    END IF;
     UPDATE @extschema@.dq_messages AS m
     SET due_at = v_now + lease
     WHERE m.id = @extschema@.dq__token_id(dq_extend.lock_token)
         AND m.lock_token = dq_extend.lock_token
+        AND (dq_extend.queue IS NULL OR m.queue = dq_extend.queue)
         AND m.channel = ''
     RETURNING m.due_at INTO v_until;
     IF FOUND THEN
@@ -325,7 +347,8 @@ BEGIN
     SELECT m.queue, m.channel INTO v_message
     FROM @extschema@.dq_messages AS m
     WHERE m.id = @extschema@.dq__token_id(dq_extend.lock_token)
-        AND m.lock_token = dq_extend.lock_token;
+        AND m.lock_token = dq_extend.lock_token
+        AND (dq_extend.queue IS NULL OR m.queue = dq_extend.queue);
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
@@ -344,6 +367,7 @@ BEGIN
     SET due_at = v_now + lease
     WHERE m.id = @extschema@.dq__token_id(dq_extend.lock_token)
         AND m.lock_token = dq_extend.lock_token
+        AND m.queue = v_message.queue
         AND (
             v_max IS NULL OR m.due_at > v_now
             OR @extschema@.dq__leases_held(m.queue, m.channel, v_now, v_max) < v_max

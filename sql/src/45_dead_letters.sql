@@ -87,8 +87,9 @@ AS $$
 $$;
 
 -- Give up on a leased message: move it to the dead letters with error (the
--- consumer's verdict, as given); false (nothing changed) for a stale token.
-CREATE FUNCTION dq_dead_letter(lock_token uuid, error text DEFAULT NULL) RETURNS boolean
+-- consumer's verdict, as given); false (nothing changed) for a stale token,
+-- and with queue given, for a token of another queue's message (1.2).
+CREATE FUNCTION dq_dead_letter(lock_token uuid, error text DEFAULT NULL, queue text DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -97,10 +98,14 @@ DECLARE
     v_now timestamptz := @extschema@.dq_now();
     v_message record;
 BEGIN
+    IF dq_dead_letter.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_dead_letter.queue) THEN
+        PERFORM @extschema@.dq__check_queue(dq_dead_letter.queue);
+    END IF;
     SELECT m.id, m.queue, m.channel, m.due_at INTO v_message
     FROM @extschema@.dq_messages AS m
     WHERE m.id = @extschema@.dq__token_id(dq_dead_letter.lock_token)
         AND m.lock_token = dq_dead_letter.lock_token
+        AND (dq_dead_letter.queue IS NULL OR m.queue = dq_dead_letter.queue)
     FOR UPDATE;
     IF NOT FOUND THEN
         RETURN FALSE;
