@@ -7,6 +7,7 @@ narrow terminal and into a pipe; --json output, --schema and exit codes
 from __future__ import annotations
 
 import fcntl
+import getpass
 import json
 import os
 import pty
@@ -17,12 +18,14 @@ import sys
 import termios
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import click
 import psycopg
 import pytest
 from click.testing import CliRunner, Result
-from conftest import IN_YOUR_TRANSACTION, dsn, recreate_database, unsharded
+from conftest import DB, IN_YOUR_TRANSACTION, dsn, recreate_database, unsharded
 from pgdq import Queue
 from pgdq import __version__ as pgdq_version
 from pgdq.cli import main
@@ -428,9 +431,10 @@ NEEDS_PGDQ = [
 @pytest.fixture
 def empty(database: str) -> Iterator[str]:
     """A database without pgdq; its conninfo."""
-    recreate_database("pgdq_cli_empty")
-    yield dsn("pgdq_cli_empty")
-    recreate_database("pgdq_cli_empty")
+    name = f"{DB}_cli_empty"  # one per test database: runs of other checkouts do not collide
+    recreate_database(name)
+    yield dsn(name)
+    recreate_database(name)
 
 
 def one_line_error(result: Result, code: int) -> str:
@@ -469,3 +473,86 @@ def test_install_errors_are_one_line(empty: str) -> None:
             assert "permission denied" in one_line_error(pgdq(weak, "install", "--schema", "other"), 1)
         finally:
             admin.execute("DROP ROLE pgdq_cli_weak")
+
+
+# -- what a newcomer meets: no DSN, --help, times, counts, --handler ------------------
+
+
+def test_without_a_dsn_it_says_which_server_it_tried() -> None:
+    unset: dict[str, str | None] = {k: None for k in os.environ if re.fullmatch(r"PG[A-Z]+|PGDQ_\w+|DATABASE_URL", k)}
+    result = CliRunner().invoke(main, ["stats"], env=unset)
+    # nothing named a server: libpq's defaults reach a local server without pgdq (3) or none at all (1)
+    error = one_line_error(result, 3 if "not installed" in result.output else 1)
+    assert f"(no DSN given, so libpq's defaults: database {getpass.getuser()} on " in error, error
+    assert "set --dsn, PGDQ_DSN or DATABASE_URL)" in error
+
+
+def commands_with_a_dsn(group: click.Group, path: str = "pgdq") -> Iterator[tuple[str, click.Command]]:
+    """Every command under group that takes --dsn, with its full name."""
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from commands_with_a_dsn(command, f"{path} {name}")
+        elif any("--dsn" in p.opts for p in command.params):
+            yield f"{path} {name}", command
+
+
+def test_every_dsn_option_names_its_environment_variables() -> None:
+    found = dict(commands_with_a_dsn(main))
+    assert "pgdq stats" in found and "pgdq serve" in found and "pgdq worker" in found
+    for name, command in found.items():
+        (option,) = (p for p in command.params if "--dsn" in p.opts)
+        assert "PGDQ_DSN" in (option.help or "") and "DATABASE_URL" in (option.help or ""), name
+
+
+def test_help_lists_whole_summaries() -> None:
+    for args in ([], ["schedules"], ["dead-letters"], ["channel"]):
+        listed = CliRunner().invoke(main, [*args, "--help"], terminal_width=80)
+        assert listed.exit_code == 0 and "..." not in listed.output.split("Commands:")[1], listed.output
+    listed = CliRunner().invoke(main, ["--help"], terminal_width=80).output
+    purge = " ".join(listed.split("  purge ", 1)[1].split("\n  schedules")[0].split())
+    assert purge == "Delete every message of QUEUE (leased ones too; its dead letters stay)", "wrapped, not cut"
+
+
+def test_times_are_iso_8601_in_utc_with_z(database: str, queue_name: str) -> None:
+    offered = pgdq(database, "offer", queue_name, "k", "1", "--at", "2030-01-01T14:30:00+02:00")
+    assert offered.exit_code == 0
+    (peeked,) = as_json(pgdq(database, "peek", "--json", queue_name))
+    assert peeked["scheduled_at"] == "2030-01-01T12:30:00Z"
+    (stats,) = [s for s in as_json(pgdq(database, "stats", "--json")) if s["queue"] == queue_name]
+    assert stats["next_due_at"] == "2030-01-01T12:30:00Z"
+    piped = pgdq(database, "peek", queue_name)  # CliRunner's stdout is no terminal: tab-separated
+    assert piped.exit_code == 0 and "\t2030-01-01T12:30:00Z\t" in piped.output, piped.output
+
+
+def test_counts_agree_with_their_nouns(database: str, queue_name: str) -> None:
+    assert pgdq(database, "channel", "set", queue_name, "acme", "--max-concurrency", "1").exit_code == 0
+    assert re.search(r": 1 channel *\n", on_terminal(database, "channels", queue_name, columns=120))
+    with Queue(queue_name, database) as q:
+        q.offer("a", 1)
+        (d,) = q.poll_many(1)
+        d.dead_letter("broke")
+    assert re.search(r": 1 dead letter *\n", on_terminal(database, "dead-letters", "list", queue_name, columns=120))
+    broken = pgdq(
+        database, "offer", "--jsonl", "--batch", "1", queue_name, stdin=jsonl({"key": "b", "payload": 1}, "{")
+    )
+    assert "; 1 message before it was offered and stays (1 created);" in one_line_error(broken, 1)
+
+
+def test_handler_from_a_file_or_a_hint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pgdq.cli._setup import _import_handler
+
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "mytasks.py").write_text("def handle(d):\n    return d\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert _import_handler("jobs/mytasks.py:handle")(7) == 7
+    with pytest.raises(
+        click.BadParameter,
+        match=r"no module nosuchtasks in .* give the file, e.g. "
+        r"--handler path/to/nosuchtasks.py:handle",
+    ):
+        _import_handler("nosuchtasks:handle")
+    with pytest.raises(click.BadParameter, match="no file jobs/nothere.py"):
+        _import_handler("jobs/nothere.py:handle")
+    with pytest.raises(click.BadParameter, match="module mytasks has no other"):
+        _import_handler("jobs/mytasks.py:other")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import click
 
 from .. import __version__
+from ._base import whole_summaries
 from ._manage import cancel, channel, channels, dead_letters, peek, purge, schedules, stats
 from ._messages import ack, nack, offer, poll
 from ._serve import serve, token
@@ -64,3 +65,4 @@ COMMANDS = (
 )
 for command in (*COMMANDS, channel, dead_letters, schedules, token, shard):
     main.add_command(command)
+whole_summaries(main)  # `pgdq --help` lists each command's first sentence whole, never cut with "..."

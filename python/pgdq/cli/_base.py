@@ -4,8 +4,10 @@ into a pipe, JSON with --json)."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import re
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -54,6 +56,25 @@ def _reason(error: Exception) -> str:
     return primary or " ".join(str(error).split())
 
 
+def _no_dsn_given(dsn: str | None) -> bool:
+    """True when nothing names a server: no --dsn / PGDQ_DSN, no DATABASE_URL
+    and no PG* variable (libpq then tries its defaults: the local socket,
+    a database named after the OS user)."""
+    return not dsn and not os.environ.get("DATABASE_URL") and not any(re.fullmatch(r"PG[A-Z]+", v) for v in os.environ)
+
+
+def _defaults_note(where: str) -> str:
+    """What a failure adds when no DSN was given: the server tried, and how to name one."""
+    return f" (no DSN given, so libpq's defaults: {where}; set --dsn, PGDQ_DSN or DATABASE_URL)"
+
+
+def _libpq_defaults() -> str:
+    """The server and database libpq tries without a DSN, in words."""
+    options = {o.keyword.decode(): (o.compiled or b"").decode() for o in psycopg.pq.Conninfo.get_defaults()}
+    dbname = options.get("dbname") or options.get("user") or getpass.getuser()
+    return f"database {dbname} on {options.get('host') or '/var/run/postgresql'} port {options.get('port') or 5432}"
+
+
 def _connect(dsn: str | None) -> psycopg.Connection[tuple[object, ...]]:
     """Connect to --dsn, else DATABASE_URL, else the standard PG* variables;
     exit 2 when libpq cannot parse the connection string. A command runs few
@@ -64,13 +85,18 @@ def _connect(dsn: str | None) -> psycopg.Connection[tuple[object, ...]]:
     except psycopg.ProgrammingError as e:
         raise BadInput(f"invalid connection string: {_reason(e)}") from e
     except psycopg.OperationalError as e:
-        raise CannotConnect(f"cannot connect: {_reason(e)}") from e
+        note = _defaults_note(_libpq_defaults()) if _no_dsn_given(dsn) else ""
+        raise CannotConnect(f"cannot connect: {_reason(e)}{note}") from e
 
 
-def _require_pgdq(conn: psycopg.Connection[Any], schema: str) -> None:
-    """Exit 3 unless pgdq is installed in schema."""
+def _require_pgdq(conn: psycopg.Connection[Any], schema: str, dsn: str | None) -> None:
+    """Exit 3 unless pgdq is installed in schema; without a DSN, the message
+    names the database and server libpq's defaults led to."""
     if installed_version(conn, schema) is None:
-        raise NotInstalled(f"pgdq is not installed in schema {schema}")
+        note = ""
+        if _no_dsn_given(dsn):
+            note = _defaults_note(f"database {conn.info.dbname} on {conn.info.host} port {conn.info.port}")
+        raise NotInstalled(f"pgdq is not installed in schema {schema}{note}")
 
 
 def _valid_schema(ctx: click.Context, param: click.Parameter, schema: str) -> str:
@@ -91,7 +117,11 @@ def _server_warnings_shown() -> Iterator[None]:
         click.echo(f"WARNING: {warning.message}", err=True)
 
 
-dsn_option = click.option("--dsn", envvar="PGDQ_DSN", help="conninfo or URL; default DATABASE_URL or PG* variables")
+dsn_option = click.option(
+    "--dsn",
+    envvar="PGDQ_DSN",
+    help="the database: a conninfo or URL; default $PGDQ_DSN, else $DATABASE_URL, else the PG* variables",
+)
 schema_option = click.option(
     "--schema",
     default="public",
@@ -102,6 +132,27 @@ schema_option = click.option(
     help="schema pgdq lives in",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="machine-readable output (JSON)")
+
+
+def _first_sentence(text: str) -> str:
+    """text up to its first ". " or "; " outside parentheses, without that stop."""
+    depth = 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and char in ".;" and text[i + 1 : i + 2] in ("", " "):
+            return text[:i]
+    return text
+
+
+def whole_summaries(group: click.Group) -> click.Group:
+    """group, with each command's summary in `--help` its whole first sentence
+    (click cuts docstrings to the terminal's width with "..."); subgroups too."""
+    for command in group.commands.values():
+        if command.short_help is None and command.help:
+            command.short_help = _first_sentence(" ".join(command.help.split("\n\n")[0].split()))
+        if isinstance(command, click.Group):
+            whole_summaries(command)
+    return group
 
 
 def common_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -128,8 +179,17 @@ def _emit_done(done: bool, word: str, missing: str, as_json: bool) -> None:
 
 
 def _json_default(value: Any) -> Any:
-    """What JSON has no type for: durations in seconds, anything else as text."""
+    """What JSON has no type for: times as _iso_time (to the microsecond),
+    durations in seconds, anything else as text."""
+    if isinstance(value, datetime):
+        return _iso_time(value, "auto")
     return value.total_seconds() if isinstance(value, timedelta) else str(value)
+
+
+def _iso_time(value: datetime, timespec: str = "seconds") -> str:
+    """The one form the command line prints times in, as the HTTP API does:
+    ISO 8601 in UTC with a Z (2030-01-01T12:30:00Z)."""
+    return value.astimezone(UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 def _plain(value: Any) -> Any:
@@ -146,15 +206,20 @@ def _plain(value: Any) -> Any:
 
 
 def _cell(value: Any) -> str:
-    """A value as one table cell: None is empty, times ISO 8601 to the second,
-    durations in seconds."""
+    """A value as one table cell: None is empty, times as _iso_time (to the
+    second), durations in seconds."""
     if value is None:
         return ""
     if isinstance(value, datetime):
-        return value.isoformat(timespec="seconds")
+        return _iso_time(value)
     if isinstance(value, timedelta):
         return f"{value.total_seconds():g} s"
     return str(value)
+
+
+def _count(n: int, noun: str, plural: str | None = None) -> str:
+    """n and the noun agreeing with it: 1 channel, 2 channels (plural: when not noun + s)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 _TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
@@ -258,7 +323,7 @@ def _refusals() -> Iterator[None]:
 def _database(dsn: str | None, schema: str) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection where pgdq is installed in schema (else exit 3)."""
     with _connect(dsn) as conn:
-        _require_pgdq(conn, schema)
+        _require_pgdq(conn, schema, dsn)
         with _refusals():
             yield conn
 

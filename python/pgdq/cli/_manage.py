@@ -11,6 +11,7 @@ from ..model import ChannelInfo
 from ._base import (
     _cell,
     _client,
+    _count,
     _emit,
     _emit_done,
     _json_argument,
@@ -128,7 +129,7 @@ def stats(dsn: str | None, schema: str, as_json: bool, queue: str | None) -> Non
 def _channel_table(queue: str, found: list[ChannelInfo]) -> None:
     """A queue's channels: limits, counts, last lease."""
     _table(
-        f"{queue}: {len(found)} channels",
+        f"{queue}: {_count(len(found), 'channel')}",
         ["channel", "max_concurrency", "min_interval", "ready", "delayed", "leased", "last leased"],
         [[c.channel, c.max_concurrency, c.min_interval, c.ready, c.delayed, c.leased, c.last_leased_at] for c in found],
     )
@@ -208,7 +209,7 @@ def dead_list(dsn: str | None, schema: str, as_json: bool, queue: str, max_count
         dead,
         as_json,
         lambda: _table(
-            f"{queue}: {len(dead)} dead letters",
+            f"{queue}: {_count(len(dead), 'dead letter')}",
             ["key", "attempts", "failed_at", "error"],
             [[d.key, d.attempts, d.failed_at, _last_line(d.error)] for d in dead],
         ),

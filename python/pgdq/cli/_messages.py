@@ -20,6 +20,7 @@ from ._base import (
     BadInput,
     NothingThere,
     _client,
+    _count,
     _database,
     _emit,
     _emit_done,
@@ -173,7 +174,8 @@ def _import_failed(where: str, reason: str, counts: dict[str, int], first: int, 
     if written == 0:
         return click.ClickException(f"{where}: {reason}; nothing was offered")
     detail = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
-    kept = f"{written} messages before it were offered and stay ({detail})"
+    offered = "was offered and stays" if written == 1 else "were offered and stay"
+    kept = f"{_count(written, 'message')} before it {offered} ({detail})"
     return click.ClickException(f"{where}: {reason}; {kept}; nothing from line {first} on")
 
 
@@ -198,7 +200,7 @@ def _progress(queue: str) -> Iterator[Callable[[int], None]]:
             nonlocal done
             done += count
             rate = done / max(time.monotonic() - start, 1e-6)
-            progress.update(task, advance=count, done=f"{done:,} messages, {rate:,.0f}/s")
+            progress.update(task, advance=count, done=f"{_count(done, 'message')}, {rate:,.0f}/s")
 
         yield advance
 

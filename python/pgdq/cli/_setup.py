@@ -22,6 +22,7 @@ from ._base import (
     CannotConnect,
     _connect,
     _emit,
+    _iso_time,
     _reason,
     _require_pgdq,
     _server_warnings_shown,
@@ -65,7 +66,7 @@ def install(dsn: str | None, schema: str, as_json: bool, if_not_exists: bool) ->
 def upgrade(dsn: str | None, schema: str, as_json: bool) -> None:
     """Upgrade pgdq in place to this client's version (one transaction; messages, leases and schedules kept)."""
     with _connect(dsn) as conn:
-        _require_pgdq(conn, schema)
+        _require_pgdq(conn, schema, dsn)
         try:
             with _server_warnings_shown():
                 steps = upgrade_sql(conn, schema)
@@ -88,7 +89,7 @@ def upgrade(dsn: str | None, schema: str, as_json: bool) -> None:
 def uninstall(dsn: str | None, schema: str, as_json: bool, yes: bool) -> None:
     """Drop pgdq and every message from the schema (a plain install; other objects there stay)."""
     with _connect(dsn) as conn:
-        _require_pgdq(conn, schema)
+        _require_pgdq(conn, schema, dsn)
         if not yes:
             click.confirm(f"Drop pgdq and all its messages from schema {schema}?", abort=True, err=True)
         try:
@@ -119,15 +120,41 @@ def version(dsn: str | None, schema: str, as_json: bool) -> None:
 
 
 def _import_handler(spec: str) -> Callable[..., Any]:
-    """The function named by module:function (the current directory is importable)."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise click.BadParameter("expected module:function, e.g. myapp.tasks:send_email", param_hint="--handler")
-    sys.path.insert(0, os.getcwd())
+    """The function named by module:function (the current directory is
+    importable) or path/to/file.py:function (its directory is); BadParameter
+    saying how to fix a module that cannot be found."""
+    target, _, attr = spec.rpartition(":")
+    if not target or not attr:
+        raise click.BadParameter(
+            "expected module:function or path/to/file.py:function, e.g. tasks:send_email", param_hint="--handler"
+        )
+    module_name, directory = target, os.getcwd()
+    if target.endswith(".py") or os.sep in target:
+        path = os.path.abspath(target)
+        if not os.path.isfile(path):
+            raise click.BadParameter(f"cannot load {spec}: no file {target} in {os.getcwd()}", param_hint="--handler")
+        module_name, directory = os.path.splitext(os.path.basename(path))[0], os.path.dirname(path)
+    sys.path.insert(0, directory)
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise click.BadParameter(f"cannot load {spec}: {e}", param_hint="--handler") from e
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is None or not (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise click.BadParameter(
+                f"cannot load {spec}: importing {module_name} failed: {e}", param_hint="--handler"
+            ) from e
+        file = module_name.replace(".", "/") + ".py"
+        hint = (
+            f"cannot load {spec}: no module {module_name} in {os.getcwd()} or on PYTHONPATH: run the worker from "
+            f"the directory that holds {file}, or give the file, e.g. --handler path/to/{file}:{attr}"
+        )
+        raise click.BadParameter(hint, param_hint="--handler") from e
+    except Exception as e:  # the module's own code failed: say so, in one line
+        raise click.BadParameter(
+            f"cannot load {spec}: importing {module_name} failed: {type(e).__name__}: {e}", param_hint="--handler"
+        ) from e
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise click.BadParameter(f"cannot load {spec}: module {module_name} has no {attr}", param_hint="--handler")
     if not callable(fn):
         raise click.BadParameter(f"{spec} is not callable", param_hint="--handler")
     return fn  # type: ignore[no-any-return]
@@ -141,7 +168,7 @@ class JsonLogFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
+            "time": _iso_time(datetime.fromtimestamp(record.created, UTC), "auto"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -175,7 +202,12 @@ def _worker_metrics(queues: tuple[str, ...], port: int | None, host: str) -> Wor
 @schema_option
 @click.option("--json", "as_json", is_flag=True, help="log lines as JSON objects")
 @click.option("--queue", "queues", multiple=True, required=True, help="a queue to consume; repeat for several")
-@click.option("--handler", "handler_spec", required=True, help="module:function called with each delivery")
+@click.option(
+    "--handler",
+    "handler_spec",
+    required=True,
+    help="module:function (from the current directory) or path/to/file.py:function, called with each delivery",
+)
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(min=1), help="handlers at once")
 @click.option("--lease", default=60.0, show_default=True, type=click.FloatRange(min=0.1), help="lease seconds")
 @click.option("--max-attempts", default=10, show_default=True, type=click.IntRange(min=1), help="then dead-letter")
@@ -263,6 +295,6 @@ def _check_worker_database(dsn: str | None, schema: str) -> None:
     that cannot be reached yet is the worker's to wait for."""
     try:
         with _connect(dsn) as conn:
-            _require_pgdq(conn, schema)
+            _require_pgdq(conn, schema, dsn)
     except CannotConnect:
         pass
