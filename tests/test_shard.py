@@ -19,9 +19,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import dsn, install_extension, partition_databases, recreate_database, unsharded
+from conftest import DB, dsn, install_extension, partition_databases, recreate_database, unsharded
 from pgdq import Client, Queue, shard
 from pgdq.errors import InvalidArgument
+from psycopg import sql
 from test_upgrade import pgdq_cli
 
 pytestmark = [
@@ -43,9 +44,9 @@ class Sharded:
 def sharded(request: pytest.FixtureRequest, database: str) -> Iterator[Sharded]:
     """A router database on the test cluster over `param` partition clusters, set up by `pgdq shard init`."""
     count = request.param
-    partitions = partition_databases(count, f"pgdq_part{count}")
-    recreate_database(f"pgdq_router{count}")
-    router = dsn(f"pgdq_router{count}")
+    partitions = partition_databases(count, f"{DB}_part{count}")  # names of our own: others may run this file
+    recreate_database(f"{DB}_router{count}")
+    router = dsn(f"{DB}_router{count}")
     done = pgdq_cli("shard", "init", "--router", router, "--partitions", ",".join(partitions))
     assert done.returncode == 0, done.stderr
     assert f"on {count} partitions" in done.stdout
@@ -162,15 +163,18 @@ def test_what_init_refuses(sharded: Sharded, tmp_path: Path) -> None:
     assert three.returncode == 2 and "1, 2, 4, ... or 256 of them, got 3" in three.stderr
     other = pgdq_cli("shard", "init", "--router", sharded.router, "--partitions", sharded.partitions[0])
     assert other.returncode == 1 and "moving queues between partitions is not supported" in other.stderr
+    with psycopg.connect(sharded.partitions[0]) as conn:
+        step = conn.execute("SELECT increment_by FROM pg_sequences WHERE sequencename = 'dq_messages_id_seq'")
+        assert step.fetchone() == (len(sharded.partitions),), "the refused init numbered no partition's messages"
     again = pgdq_cli("shard", "init", "--router", sharded.router, "--partitions", ",".join(sharded.partitions))
     assert again.returncode == 0, "init again with the same partitions: " + again.stderr
-    recreate_database("pgdq_not_a_router")
-    with psycopg.connect(dsn("pgdq_not_a_router"), autocommit=True) as c:
+    recreate_database(f"{DB}_not_a_router")
+    with psycopg.connect(dsn(f"{DB}_not_a_router"), autocommit=True) as c:
         install_extension(c)
-    mixed = pgdq_cli("shard", "init", "--router", dsn("pgdq_not_a_router"), "--partitions", sharded.partitions[0])
+    mixed = pgdq_cli("shard", "init", "--router", dsn(f"{DB}_not_a_router"), "--partitions", sharded.partitions[0])
     assert mixed.returncode == 1 and "the router database has pgdq installed itself" in mixed.stderr
-    recreate_database("pgdq_empty")
-    bare = pgdq_cli("shard", "init", "--router", sharded.router, "--partitions", dsn("pgdq_empty"))
+    recreate_database(f"{DB}_empty")
+    bare = pgdq_cli("shard", "init", "--router", dsn(f"{DB}_empty"), "--partitions", dsn(f"{DB}_empty"))
     assert bare.returncode == 1 and "pgdq is not installed" in bare.stderr
     for schema in ("bad$schema", "Mixed"):
         with psycopg.connect(sharded.router) as conn, pytest.raises(InvalidArgument, match="schema"):
@@ -184,13 +188,103 @@ def test_init_refuses_partitions_the_router_cannot_reach(database: str) -> None:
     private = Path(tempfile.mkdtemp(dir="/tmp"))  # mode 700, ours
     socket = Path(os.environ["PGHOST"]) / f".s.PGSQL.{os.environ['PGPORT']}"
     (private / socket.name).symlink_to(socket)
-    recreate_database("pgdq_hidden")
-    hidden = psycopg.conninfo.make_conninfo(host=str(private), port=os.environ["PGPORT"], dbname="pgdq_hidden")
+    recreate_database(f"{DB}_hidden")
+    hidden = psycopg.conninfo.make_conninfo(host=str(private), port=os.environ["PGPORT"], dbname=f"{DB}_hidden")
     with psycopg.connect(hidden, autocommit=True) as c:
         install_extension(c)
-    recreate_database("pgdq_lonely_router")
-    refused = pgdq_cli("shard", "init", "--router", dsn("pgdq_lonely_router"), "--partitions", hidden)
+    recreate_database(f"{DB}_lonely_router")
+    refused = pgdq_cli("shard", "init", "--router", dsn(f"{DB}_lonely_router"), "--partitions", hidden)
     assert refused.returncode == 1 and "cannot reach every partition" in refused.stderr, refused.stderr
-    with psycopg.connect(dsn("pgdq_lonely_router")) as router:
+    with psycopg.connect(dsn(f"{DB}_lonely_router")) as router:
         assert not shard.is_router(router), "nothing written"
     shutil.rmtree(private)
+
+
+@pytest.fixture
+def caller(sharded: Sharded) -> Iterator[str]:
+    """A login role of the router's cluster (allowed nothing special), dropped afterwards; its name."""
+    role = f"{DB}_caller"
+    with psycopg.connect(sharded.router, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))  # left by a killed run
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    yield role
+    with psycopg.connect(sharded.router, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))  # its grant and user mapping
+        admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_init_again_keeps_who_may_call_through_the_router(sharded: Sharded, caller: str) -> None:
+    """Re-running init keeps the foreign server: its grants, its user mappings
+    (here the caller's and ours, the one for PUBLIC dropped) and options added
+    by hand; and who may run the router's functions (here dq_offer: the caller only)."""
+    server, role = sql.Identifier(shard.SERVER), sql.Identifier(caller)
+    with psycopg.connect(sharded.router, autocommit=True) as admin:
+        admin.execute(sql.SQL("GRANT USAGE ON FOREIGN SERVER {} TO {}").format(server, role))
+        admin.execute(sql.SQL("DROP USER MAPPING FOR PUBLIC SERVER {}").format(server))
+        admin.execute(sql.SQL("CREATE USER MAPPING FOR {} SERVER {}").format(role, server))
+        admin.execute(sql.SQL("CREATE USER MAPPING FOR CURRENT_USER SERVER {}").format(server))  # init calls too
+        for (offer,) in admin.execute("SELECT oid::regprocedure::text FROM pg_proc WHERE proname = 'dq_offer'"):
+            admin.execute(sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM PUBLIC").format(sql.SQL(offer)))
+            admin.execute(sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}").format(sql.SQL(offer), role))
+    as_caller = psycopg.conninfo.make_conninfo(sharded.router, user=caller)
+    init = ("shard", "init", "--router", sharded.router, "--partitions", ",".join(sharded.partitions))
+    try:
+        with Queue("grants", as_caller) as q:
+            q.offer("before", 1)
+        again = pgdq_cli(*init)
+        assert again.returncode == 0, again.stderr
+        with Queue("grants", as_caller) as q:
+            q.offer("after", 2)
+            assert q.get("before") is not None and q.get("after") is not None, "the caller still routes calls"
+        with psycopg.connect(sharded.router, autocommit=True) as admin:
+            admin.execute(sql.SQL("ALTER SERVER {} OPTIONS (ADD connection_lifetime '1800')").format(server))
+        third = pgdq_cli(*init)
+        assert third.returncode == 0, third.stderr
+        with psycopg.connect(sharded.router) as conn:
+            options = conn.execute("SELECT srvoptions FROM pg_foreign_server WHERE srvname = %s", (shard.SERVER,))
+            assert "connection_lifetime=1800" in options.fetchone()[0], "an option set by hand is kept"
+            mappings = conn.execute("SELECT usename FROM pg_user_mappings WHERE srvname = %s", (shard.SERVER,))
+            assert {m for (m,) in mappings} == {caller, conn.info.user}, "no user mapping for PUBLIC made again"
+            offer = conn.execute(
+                "SELECT a.grantee::regrole::text FROM pg_proc p, aclexplode(p.proacl) a"
+                " WHERE p.proname = 'dq_offer' AND a.grantee <> p.proowner"
+            )
+            assert {g for (g,) in offer} == {caller}, "EXECUTE on dq_offer: still the caller's only"
+    finally:
+        with psycopg.connect(sharded.router, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE USER MAPPING IF NOT EXISTS FOR PUBLIC SERVER {}").format(server))
+            admin.execute(sql.SQL("DROP USER MAPPING IF EXISTS FOR CURRENT_USER SERVER {}").format(server))
+            options = admin.execute("SELECT srvoptions FROM pg_foreign_server WHERE srvname = %s", (shard.SERVER,))
+            if "connection_lifetime=1800" in options.fetchone()[0]:
+                admin.execute(sql.SQL("ALTER SERVER {} OPTIONS (DROP connection_lifetime)").format(server))
+        purge(sharded.router, ["grants"])
+
+
+def without_user(conninfo: str) -> str:
+    params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    params.pop("user", None)
+    return psycopg.conninfo.make_conninfo(**params)  # type: ignore[arg-type]
+
+
+def test_init_warns_of_a_user_in_a_conninfo_and_takes_it_out_in_place(sharded: Sharded) -> None:
+    named = pgdq_cli("shard", "init", "--router", sharded.router, "--partitions", ",".join(sharded.partitions))
+    assert named.returncode == 0, named.stderr
+    user = psycopg.conninfo.conninfo_to_dict(sharded.partitions[0])["user"]
+    assert f"WARNING: partition 0's conninfo names user {user}: every role calling through the router" in named.stderr
+    assert "user mapping" in named.stderr
+    plain = [without_user(p) for p in sharded.partitions]
+    try:
+        unnamed = pgdq_cli("shard", "init", "--router", sharded.router, "--partitions", ",".join(plain))
+        assert unnamed.returncode == 0 and "WARNING" not in unnamed.stderr, unnamed.stderr
+        with psycopg.connect(sharded.router) as router:
+            assert shard.partitions_of(router, ["warned"]) <= set(plain), "the same partitions, their user taken out"
+        with Queue("warned", sharded.router) as q:
+            q.offer("k", 1)
+            assert q.get("k") is not None
+    finally:
+        with psycopg.connect(sharded.router, autocommit=True) as router:
+            warnings = shard.init(router, sharded.partitions)  # the user back in, for the other tests
+        assert [w.split(":")[0] for w in warnings] == [
+            f"partition {n}'s conninfo names user {user}" for n in range(len(sharded.partitions))
+        ], "shard.init returns a warning for each"
+        purge(sharded.router, ["warned"])

@@ -18,8 +18,9 @@ on its partition by itself: it cannot join the caller's transaction.
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,11 @@ from ._script import check_schema
 from .errors import InvalidArgument, PgdqError
 from .install import extension_schema, installed_version
 
+log = logging.getLogger("pgdq.shard")
+
 SERVER = "pgdq_partitions"  # the router's PL/Proxy cluster (a foreign server)
+# What names a partition in its conninfo; the rest (user, password, sslmode, ...) says how to reach it
+PLACE = ("host", "hostaddr", "port", "dbname", "service")
 
 # dq_* function -> how the router runs it:
 #   queue: on the partition owning the queue argument
@@ -69,20 +74,43 @@ class Signature:
     result: str  # e.g. "boolean", "SETOF public.dq_delivery", "TABLE(queue text, ...)"
 
 
-def init(router: psycopg.Connection[Any], partitions: Sequence[str], schema: str = "public") -> None:
+def init(router: psycopg.Connection[Any], partitions: Sequence[str], schema: str = "public") -> list[str]:
     """Make router route pgdq's functions in schema over partitions (conninfos,
     pgdq installed in schema on each, the same version): number each
     partition's messages, then (re)create the router's functions in one
-    transaction. Running it again with the same partitions is harmless."""
+    transaction. Running it again with the same partitions is harmless: the
+    foreign server, its grants and user mappings are kept (its conninfos
+    updated in place). Returns the warnings about partitions (also logged)."""
     schema = _checked(schema)
     _check_count(len(partitions))
+    warnings = _warnings(partitions)
+    for warning in warnings:
+        log.warning("%s", warning)
+    existing = _check_router(router, schema, partitions)  # before numbering: a refusal writes nothing
     signatures, delivery = _partition_setup(partitions, schema)
-    _check_router(router, schema, partitions)
     with router.transaction():
+        grants = _function_grants(router, schema)
         _drop_functions(router, schema)
-        for statement in router_script(schema, partitions, signatures, delivery):
+        for statement in router_script(schema, partitions, signatures, delivery, server_exists=existing):
             router.execute(statement)
+        _grant_again(router, schema, grants)
         _check_reachable(router, schema)
+    return warnings
+
+
+def _warnings(partitions: Sequence[str]) -> list[str]:
+    """A warning for each partition whose conninfo names a user: every role then acts there as that user."""
+    found = []
+    for number, conninfo in enumerate(partitions):
+        user = psycopg.conninfo.conninfo_to_dict(conninfo).get("user")
+        if user:
+            found.append(
+                f"partition {number}'s conninfo names user {user}: every role calling through the router acts on"
+                f" that partition as {user}, with its rights; leave user and password out of the conninfos and"
+                f" give each role (or PUBLIC) a user mapping instead: CREATE USER MAPPING FOR <role> SERVER"
+                f" {SERVER} OPTIONS (user '...', password '...')"
+            )
+    return found
 
 
 def _check_reachable(router: psycopg.Connection[Any], schema: str) -> None:
@@ -109,6 +137,43 @@ def _drop_functions(router: psycopg.Connection[Any], schema: str) -> None:
     ).fetchall()
     for (signature,) in rows:
         router.execute(sql.SQL("DROP FUNCTION IF EXISTS {} CASCADE").format(sql.SQL(signature)))
+
+
+# EXECUTE on the router's dq_* functions whose privileges were changed (proacl not NULL): name, grantee, grantable
+_GRANTS = """SELECT p.proname, CASE WHEN a.grantee = 0 THEN NULL ELSE a.grantee::regrole::text END, a.is_grantable
+    FROM pg_catalog.pg_proc p LEFT JOIN LATERAL pg_catalog.aclexplode(p.proacl) a ON a.privilege_type = 'EXECUTE'
+    WHERE p.pronamespace = %s::regnamespace AND p.proname ~ '^dq_' AND p.proacl IS NOT NULL"""
+
+
+def _function_grants(router: psycopg.Connection[Any], schema: str) -> dict[str, set[tuple[str | None, bool]]]:
+    """Who may run each of the router's functions whose EXECUTE privileges were
+    changed, by name: (role, None for PUBLIC; with grant option)."""
+    grants: dict[str, set[tuple[str | None, bool]]] = {}
+    for name, grantee, grantable in router.execute(_GRANTS, (schema,)):
+        grants.setdefault(name, set())
+        if grantable is not None:
+            grants[name].add((grantee, grantable))
+    return grants
+
+
+def _grant_again(router: psycopg.Connection[Any], schema: str, grants: dict[str, set[tuple[str | None, bool]]]) -> None:
+    """Give the new functions of each name in grants the EXECUTE privileges their predecessors had."""
+    rows = router.execute(
+        "SELECT p.oid::regprocedure::text, p.proname FROM pg_proc p"
+        " WHERE p.pronamespace = %s::regnamespace AND p.proname = ANY(%s)",
+        (schema, list(grants)),
+    ).fetchall()
+    for signature, name in rows:
+        function = sql.SQL(signature)  # from the catalog, qualified and quoted as needed
+        router.execute(sql.SQL("REVOKE ALL ON FUNCTION {} FROM PUBLIC").format(function))
+        for grantee, grantable in grants[name]:
+            router.execute(
+                sql.SQL("GRANT EXECUTE ON FUNCTION {} TO {}{}").format(
+                    function,
+                    sql.SQL("PUBLIC") if grantee is None else sql.SQL(grantee),  # regrole text: quoted as needed
+                    sql.SQL(" WITH GRANT OPTION" if grantable else ""),
+                )
+            )
 
 
 def _checked(schema: str) -> str:
@@ -193,8 +258,9 @@ def _delivery_columns(conn: psycopg.Connection[Any], schema: str) -> list[tuple[
     return [(str(name), str(type_)) for name, type_ in rows]
 
 
-def _check_router(router: psycopg.Connection[Any], schema: str, partitions: Sequence[str]) -> None:
-    """The router must not hold pgdq itself, nor route to other partitions already."""
+def _check_router(router: psycopg.Connection[Any], schema: str, partitions: Sequence[str]) -> bool:
+    """The router must not hold pgdq itself, nor route to other partitions
+    already; whether its foreign server exists (routing to these partitions)."""
     if (
         extension_schema(router) is not None
         or router.execute(
@@ -202,15 +268,37 @@ def _check_router(router: psycopg.Connection[Any], schema: str, partitions: Sequ
         ).fetchone()
     ):
         raise PgdqError("the router database has pgdq installed itself: give the router a database of its own")
-    row = router.execute("SELECT srvoptions FROM pg_foreign_server WHERE srvname = %s", (SERVER,)).fetchone()
-    if row is not None and list(row[0] or []) != list(_options(partitions)):
+    row = router.execute(
+        "SELECT w.fdwname, s.srvoptions FROM pg_foreign_server s JOIN pg_foreign_data_wrapper w ON w.oid = s.srvfdw"
+        " WHERE s.srvname = %s",
+        (SERVER,),
+    ).fetchone()
+    if row is None:
+        return False
+    if row[0] != "plproxy":
+        raise PgdqError(f"the router has a foreign server {SERVER} of another wrapper ({row[0]}): drop it first")
+    routed = _partition_options(row[1] or [])
+    if [_place(c) for c in routed] != [_place(c) for c in partitions]:
         raise PgdqError(
             "the router already routes to other partitions; moving queues between partitions is not supported"
         )
+    return True
 
 
-def _options(partitions: Sequence[str]) -> Iterator[str]:
-    return (f"p{number}={conninfo}" for number, conninfo in enumerate(partitions))
+def _partition_options(options: Sequence[str]) -> list[str]:
+    """The partitions' conninfos in a server's options ("p0=...", "p1=...", others ignored), in order."""
+    found = {}
+    for option in options:
+        name, _, value = option.partition("=")
+        if re.fullmatch(r"p[0-9]+", name):
+            found[int(name[1:])] = value
+    return [found[n] for n in sorted(found)]
+
+
+def _place(conninfo: str) -> dict[str, str]:
+    """What names a partition in conninfo (host, port, dbname, ...), not how to reach it (user, password, ...)."""
+    params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    return {k: str(params[k]) for k in PLACE if params.get(k) is not None}
 
 
 def _safe(conninfo: str) -> str:
@@ -221,18 +309,17 @@ def _safe(conninfo: str) -> str:
 
 
 def router_script(
-    schema: str, partitions: Sequence[str], signatures: Sequence[Signature], delivery: Sequence[tuple[str, str]]
+    schema: str,
+    partitions: Sequence[str],
+    signatures: Sequence[Signature],
+    delivery: Sequence[tuple[str, str]],
+    server_exists: bool = False,
 ) -> list[sql.SQL | sql.Composed]:
     """The router's statements: PL/Proxy and its cluster, the helpers, dq_delivery and every routed function."""
     s = sql.Identifier(schema)
-    options = sql.SQL(", ").join(
-        sql.SQL("{} {}").format(sql.Identifier(f"p{n}"), sql.Literal(c)) for n, c in enumerate(partitions)
-    )
     statements: list[sql.SQL | sql.Composed] = [
         sql.SQL("CREATE EXTENSION IF NOT EXISTS plproxy"),
-        sql.SQL("DROP SERVER IF EXISTS {} CASCADE").format(sql.Identifier(SERVER)),
-        sql.SQL("CREATE SERVER {} FOREIGN DATA WRAPPER plproxy OPTIONS ({})").format(sql.Identifier(SERVER), options),
-        sql.SQL("CREATE USER MAPPING FOR PUBLIC SERVER {}").format(sql.Identifier(SERVER)),
+        *_server_script(partitions, server_exists),
         sql.SQL("DROP TYPE IF EXISTS {}.dq_delivery CASCADE").format(s),
         sql.SQL("CREATE TYPE {}.dq_delivery AS ({})").format(
             s, sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in delivery)
@@ -242,6 +329,21 @@ def router_script(
     for signature in signatures:
         statements += [sql.SQL(text.replace("@s@", schema)) for text in _functions(signature)]
     return statements
+
+
+def _server_script(partitions: Sequence[str], exists: bool) -> list[sql.Composed]:
+    """The cluster's foreign server: created with a user mapping for PUBLIC, or,
+    when it exists, its conninfos set in place (grants and user mappings kept)."""
+    server = sql.Identifier(SERVER)
+    options = [(sql.Identifier(f"p{n}"), sql.Literal(c)) for n, c in enumerate(partitions)]
+    if exists:
+        setting = sql.SQL(", ").join(sql.SQL("SET {} {}").format(name, value) for name, value in options)
+        return [sql.SQL("ALTER SERVER {} OPTIONS ({})").format(server, setting)]
+    creating = sql.SQL(", ").join(sql.SQL("{} {}").format(name, value) for name, value in options)
+    return [
+        sql.SQL("CREATE SERVER {} FOREIGN DATA WRAPPER plproxy OPTIONS ({})").format(server, creating),
+        sql.SQL("CREATE USER MAPPING FOR PUBLIC SERVER {}").format(server),
+    ]
 
 
 # Where a queue, a token and the partitions are; @s@ is the schema.

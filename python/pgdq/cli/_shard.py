@@ -30,20 +30,24 @@ def init(router: str, partition_list: str | None, partition_each: tuple[str, ...
 
     Numbers each partition's new messages so that lock tokens can be routed,
     then (re)creates the router's functions in one transaction. Run it again
-    after upgrading pgdq on the partitions, or after restoring one from a dump.
+    after upgrading pgdq on the partitions, or after restoring one from a dump:
+    the foreign server's grants and user mappings are kept. Warns when a
+    conninfo names a user (every role would act as that user on the partitions).
     """
     partitions = [p.strip() for p in (partition_list or "").split(",") if p.strip()] + list(partition_each)
     if not partitions:
         raise BadInput("give the partitions: --partitions DSN,DSN,... or --partition DSN (repeated)")
     with _connect(router) as conn:
         try:
-            init_router(conn, partitions, schema)
+            warnings = init_router(conn, partitions, schema)
         except InvalidArgument as e:
             raise BadInput(str(e)) from e
         except (PgdqError, psycopg.Error) as e:
             raise click.ClickException(f"shard init failed: {_reason(e)}") from e
+    for warning in warnings:
+        click.echo(f"WARNING: {warning}", err=True)
     _emit(
-        {"router": True, "partitions": len(partitions), "schema": schema},
+        {"router": True, "partitions": len(partitions), "schema": schema, "warnings": warnings},
         as_json,
         lambda: click.echo(f"the router now runs pgdq's functions in schema {schema} on {len(partitions)} partitions"),
     )
