@@ -458,6 +458,28 @@ def partitions_of(conn: psycopg.Connection[Any], queues: Sequence[str], schema: 
     return {str(row[0]) for row in conn.execute(owners_statement(schema), (list(queues),))}
 
 
+# Every partition's conninfo on a router, in order (its one parameter: the server's name)
+EVERY_PARTITION = """SELECT o.option_value FROM pg_catalog.pg_foreign_server s,
+    pg_catalog.pg_options_to_table(s.srvoptions) o
+    WHERE s.srvname = %s AND o.option_name ~ '^p[0-9]+$' ORDER BY substr(o.option_name, 2)::integer"""
+
+
+async def wakeup_sources(dsn: str, schema: str, queues: Sequence[str] | None) -> list[str]:
+    """Where the wake-ups (LISTEN dq_wakeup) of queues are raised: [dsn], or when
+    dsn is a router, the partitions owning queues (None: every partition), as
+    conninfos with dsn's credentials."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        found = await (await conn.execute(IS_ROUTER, (schema,))).fetchone()
+        if not (found and found[0]):
+            return [dsn]
+        if queues is None:
+            cursor = await conn.execute(EVERY_PARTITION, (SERVER,))
+        else:
+            cursor = await conn.execute(owners_statement(schema), (list(queues),))
+        rows = await cursor.fetchall()
+    return [with_credentials(str(row[0]), dsn) for row in rows]
+
+
 def with_credentials(partition: str, dsn: str) -> str:
     """A partition's conninfo (as the router reaches it) with dsn's user and
     password where it names none: how a client of the router reaches it."""

@@ -288,13 +288,7 @@ class Worker:
 
     async def _partitions(self) -> list[str]:
         """The partitions owning our queues when dsn is a router, else [dsn]."""
-        schema = self.schema or "public"
-        async with await AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-            found = await (await conn.execute(shard.IS_ROUTER, (schema,))).fetchone()
-            if not (found and found[0]):
-                return [self.dsn]
-            rows = await (await conn.execute(shard.owners_statement(schema), (list(self.routes),))).fetchall()
-        return [shard.with_credentials(row[0], self.dsn) for row in rows]
+        return await shard.wakeup_sources(self.dsn, self.schema or "public", list(self.routes))
 
     async def _listen_to(self, source: str) -> None:
         delays = RetryDelays()

@@ -139,7 +139,7 @@ def create_app(settings: Settings) -> FastAPI:
             kwargs={"autocommit": True},
         )
         await pool.open(wait=False)  # the database may come later: requests get 503 until then
-        wakeups = Wakeups(settings.dsn)
+        wakeups = Wakeups(settings.dsn, settings.schema)
         wakeups.start()
         app.state.pool, app.state.wakeups = pool, wakeups
         try:

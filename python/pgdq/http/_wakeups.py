@@ -1,5 +1,6 @@
-"""One LISTEN dq_wakeup connection per server process: every long-polling
-request of a queue waits on it, so idle requests hold no database connection."""
+"""One LISTEN dq_wakeup connection per server process (through a pgdq.shard
+router, one per partition): every long-polling request of a queue waits on
+it, so idle requests hold no database connection."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from functools import partial
 import psycopg
 from psycopg import AsyncConnection
 
+from .. import shard
 from .._reconnect import DATABASE_ERRORS, RetryDelays, retrying
 
 log = logging.getLogger("pgdq.http")
@@ -21,8 +23,8 @@ class Wakeups:
     """Waiters by queue; a notification for a queue (or a new connection,
     which may have missed some) wakes its waiters."""
 
-    def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
+    def __init__(self, dsn: str, schema: str | None = None) -> None:
+        self.dsn, self.schema = dsn, schema
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -62,14 +64,20 @@ class Wakeups:
                     event.set()
 
     async def _listen(self) -> None:
-        delays = RetryDelays()
-        await retrying(
-            "LISTEN dq_wakeup", partial(self._listen_once, delays), log=log, delays=delays, errors=DATABASE_ERRORS
-        )
+        """LISTEN where wake-ups are raised: on dsn, or through a router on every
+        partition (any queue may be asked for), each connection opened again whenever it fails."""
+        find = partial(shard.wakeup_sources, self.dsn, self.schema or "public", None)
+        sources = await retrying("asking where wake-ups are raised", find, log=log, errors=DATABASE_ERRORS)
+        await asyncio.gather(*(self._listen_to(source) for source in sources))
 
-    async def _listen_once(self, delays: RetryDelays) -> None:
-        """Connect, LISTEN, wake everyone (notifications may have been missed), then relay."""
-        async with await AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+    async def _listen_to(self, source: str) -> None:
+        delays = RetryDelays()
+        listen = partial(self._listen_once, source, delays)
+        await retrying("LISTEN dq_wakeup", listen, log=log, delays=delays, errors=DATABASE_ERRORS)
+
+    async def _listen_once(self, source: str, delays: RetryDelays) -> None:
+        """Connect to source, LISTEN, wake everyone (notifications may have been missed), then relay."""
+        async with await AsyncConnection.connect(source, autocommit=True) as conn:
             await conn.execute("LISTEN dq_wakeup")
             delays.succeeded()
             self._wake(None)
