@@ -106,7 +106,8 @@ def _warnings(partitions: Sequence[str]) -> list[str]:
         if user:
             found.append(
                 f"partition {number}'s conninfo names user {user}: every role calling through the router acts on"
-                f" that partition as {user}, with its rights; leave user and password out of the conninfos and"
+                f" that partition as {user}, with its rights, whatever the user mappings say; leave user and"
+                f" password out of the conninfos (run init again with them taken out) and"
                 f" give each role (or PUBLIC) a user mapping instead: CREATE USER MAPPING FOR <role> SERVER"
                 f" {SERVER} OPTIONS (user '...', password '...')"
             )
