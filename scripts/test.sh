@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make test`: lint, pgTAP and pytest against a throwaway cluster of our own,
 # each suite twice: on a fresh install, and on 1.0.0 (as released) upgraded
-# in place. Runs every step, reports each, and exits non-zero if any failed.
+# in place (pgTAP also on 1.1.0 upgraded in place). Runs every step, reports
+# each, and exits non-zero if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,10 +18,10 @@ scripts/pgcluster.sh start test || { echo "could not start the test cluster; see
 eval "$(scripts/pgcluster.sh env test)"
 
 fresh_db() { dropdb --if-exists -f "$1" && createdb "$1"; }
-# a database holding pgdq 1.0.0 upgraded with ALTER EXTENSION pgdq UPDATE
+# a database holding pgdq $2 (default 1.0.0) upgraded with ALTER EXTENSION pgdq UPDATE
 upgraded_db() {
   fresh_db "$1" && psql -X -q -v ON_ERROR_STOP=1 -d "$1" \
-    -c "CREATE EXTENSION pgdq VERSION '1.0.0'" -c 'ALTER EXTENSION pgdq UPDATE'
+    -c "CREATE EXTENSION pgdq VERSION '${2:-1.0.0}'" -c 'ALTER EXTENSION pgdq UPDATE'
 }
 
 step "lint (sqlfluff, hadolint, mypy, ruff)" make -s lint
@@ -30,6 +31,8 @@ fresh_db pgdq_tap
 step "pgTAP, fresh install (make installcheck)" env PGDATABASE=pgdq_tap make -s installcheck
 upgraded_db pgdq_tap_upgraded
 step "pgTAP, 1.0.0 upgraded in place" env PGDATABASE=pgdq_tap_upgraded make -s installcheck
+upgraded_db pgdq_tap_upgraded_1_1 1.1.0
+step "pgTAP, 1.1.0 upgraded in place" env PGDATABASE=pgdq_tap_upgraded_1_1 make -s installcheck
 step "pytest, fresh install" env PGDQ_TEST_DB=pgdq_py .venv/bin/pytest -q tests
 step "pytest, 1.0.0 upgraded in place" env PGDQ_TEST_INSTALL=upgrade PGDQ_TEST_DB=pgdq_py_upgraded \
   .venv/bin/pytest -q tests

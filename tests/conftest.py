@@ -21,8 +21,9 @@ from psycopg import sql
 ROOT = Path(__file__).resolve().parent.parent
 DB = os.environ.get("PGDQ_TEST_DB", "pgdq_py")
 # "fresh": CREATE EXTENSION pgdq; "upgrade": install 1.0.0, then ALTER
-# EXTENSION pgdq UPDATE, so the whole suite runs against an upgraded database;
-# "1.0.0": the first release alone, to show that a new test fails on it.
+# EXTENSION pgdq UPDATE, so the whole suite runs against an upgraded database
+# ("upgrade-1.1.0": the same from 1.1.0); "1.0.0" or "1.1.0": that release
+# alone, to show that a new test fails on it.
 INSTALL = os.environ.get("PGDQ_TEST_INSTALL", "fresh")
 # > 0: the test database is a PL/Proxy router (pgdq.shard) over this many
 # partitions, each a throwaway cluster of its own (test-shard0, ...).
@@ -107,13 +108,14 @@ def database() -> str:
 
 
 def install_extension(conn: psycopg.Connection[Any]) -> None:
-    """CREATE EXTENSION pgdq the way PGDQ_TEST_INSTALL says (fresh, upgrade, 1.0.0)."""
-    if INSTALL in ("upgrade", "1.0.0"):
-        conn.execute("CREATE EXTENSION pgdq VERSION '1.0.0'")
-        if INSTALL == "upgrade":
+    """CREATE EXTENSION pgdq the way PGDQ_TEST_INSTALL says (fresh, upgrade[-1.1.0], 1.0.0, 1.1.0)."""
+    releases = {"upgrade": "1.0.0", "upgrade-1.1.0": "1.1.0", "1.0.0": "1.0.0", "1.1.0": "1.1.0"}
+    if INSTALL in releases:
+        conn.execute(sql.SQL("CREATE EXTENSION pgdq VERSION {}").format(sql.Literal(releases[INSTALL])))
+        if INSTALL.startswith("upgrade"):
             conn.execute("ALTER EXTENSION pgdq UPDATE")
     else:
-        assert INSTALL == "fresh", f"PGDQ_TEST_INSTALL must be fresh, upgrade or 1.0.0, got {INSTALL!r}"
+        assert INSTALL == "fresh", f"PGDQ_TEST_INSTALL must be fresh, {', '.join(releases)}; got {INSTALL!r}"
         conn.execute("CREATE EXTENSION pgdq")
 
 

@@ -97,6 +97,35 @@ def test_nack_extend_and_stale(q: Queue) -> None:
     assert q.ack_many(None) == 0
 
 
+def test_a_queue_takes_only_its_own_lock_tokens(q: Queue, database: str) -> None:
+    """Tokens in their queue (1.2): a queue's token methods and its deliveries
+    pass its name, so another queue's token is stale there and its message is
+    untouched; a Client takes a token of any queue."""
+    with Queue(f"{q.name}_b", database) as other, Client(database) as client:
+        other.purge()
+        try:
+            other.offer_many([("b1", 1), ("b2", 2)])
+            b1, b2 = other.poll_many(2, 600)
+            theirs = dataclasses.replace(b1, source=q)  # b1's token, acked through q
+            assert q.ack(b1.lock_token) is False
+            assert q.ack_many([b1.lock_token, b2.lock_token]) == 0
+            assert q.nack(b1.lock_token, state={"x": 1}, error="boom") is False
+            assert q.extend(b1.lock_token, 1) is None
+            assert q.dead_letter(b1.lock_token, "boom") is False
+            for call in (theirs.ack, theirs.nack, lambda: theirs.extend(1), theirs.dead_letter):
+                with pytest.raises(StaleToken):
+                    call()
+            for d in (b1, b2):
+                info = other.get(d.key)
+                assert info is not None and info.leased and (info.attempts == 1) and (info.due_at == d.lease_until)
+                assert info.state is None
+            assert other.extend(b1.lock_token, 600) is not None, "its own queue takes it"
+            b1.ack()
+            assert client.ack(b2.lock_token) is True, "a Client takes a token of any queue"
+        finally:
+            other.purge()
+
+
 def test_a_nack_later_keeps_state_and_waits(q: Queue) -> None:
     q.offer_many([("a", {"n": 1}), ("b", 2)])
     a, b = q.poll_many(10, timedelta(seconds=30))

@@ -106,6 +106,35 @@ async def test_nack_extend_and_stale(aq: AsyncQueue) -> None:
     assert await aq.ack_many(None) == 0
 
 
+async def test_a_queue_takes_only_its_own_lock_tokens(aq: AsyncQueue, database: str) -> None:
+    """Tokens in their queue (1.2): a queue's token methods and its deliveries
+    pass its name, so another queue's token is stale there and its message is
+    untouched; a Client takes a token of any queue."""
+    async with AsyncQueue(f"{aq.name}_b", database) as other, AsyncClient(database) as client:
+        await other.purge()
+        try:
+            await other.offer_many([("b1", 1), ("b2", 2)])
+            b1, b2 = await other.poll_many(2, 600)
+            theirs = dataclasses.replace(b1, source=aq)  # b1's token, acked through aq
+            assert await aq.ack(b1.lock_token) is False
+            assert await aq.ack_many([b1.lock_token, b2.lock_token]) == 0
+            assert await aq.nack(b1.lock_token, state={"x": 1}, error="boom") is False
+            assert await aq.extend(b1.lock_token, 1) is None
+            assert await aq.dead_letter(b1.lock_token, "boom") is False
+            for call in (theirs.ack, theirs.nack, lambda: theirs.extend(1), theirs.dead_letter):
+                with pytest.raises(StaleToken):
+                    await call()
+            for d in (b1, b2):
+                info = await other.get(d.key)
+                assert info is not None and info.leased and info.attempts == 1 and info.due_at == d.lease_until
+                assert info.state is None
+            assert await other.extend(b1.lock_token, 600) is not None, "its own queue takes it"
+            await b1.ack()
+            assert await client.ack(b2.lock_token) is True, "a Client takes a token of any queue"
+        finally:
+            await other.purge()
+
+
 async def test_a_nack_later_keeps_state_and_waits(aq: AsyncQueue) -> None:
     await aq.offer_many([("a", {"n": 1}), ("b", 2)])
     a, b = await aq.poll_many(10, timedelta(seconds=30))

@@ -102,6 +102,26 @@ def test_lock_tokens_find_their_partition(sharded: Sharded) -> None:
     purge(sharded.router, names)
 
 
+def test_a_queue_takes_only_its_own_tokens_through_a_router(sharded: Sharded) -> None:
+    """Tokens in their queue (1.2) through the router: the queue argument
+    travels with each token to its partition."""
+    names = [f"own-tokens-{n}" for n in range(8)]
+    tokens = {}
+    for name in names:
+        with Queue(name, sharded.router) as q:
+            q.offer("a", 1)
+            (tokens[name],) = [d.lock_token for d in q.poll_many(1, 600)]
+    with Queue(names[0], sharded.router) as q:
+        assert q.ack_many(list(tokens.values())) == 1, "a batch acks only the queue's own token"
+        assert q.extend(tokens[names[1]], 60) is None and not q.nack(tokens[names[1]])
+        assert not q.ack(tokens[names[1]]) and not q.dead_letter(tokens[names[1]])
+    with Client(sharded.router) as client:
+        leased = {s.queue: s.leased for s in client.stats() if s.queue in names and s.leased}
+        assert leased == dict.fromkeys(names[1:], 1), "the other queues' leases are untouched"
+        assert client.ack_many([tokens[name] for name in names[1:]]) == len(names) - 1
+    purge(sharded.router, names)
+
+
 def test_message_ids_say_their_partition(sharded: Sharded) -> None:
     names = [f"ids-{n}" for n in range(8)]
     for name in names:

@@ -1,8 +1,8 @@
-"""Upgrades in place: 1.0.0 (as released, sql/pgdq--1.0.0.sql) plus the step
-scripts equals a fresh install object for object; a live 1.0.0 database keeps
-every message, lease, token, schedule and dead letter through ALTER EXTENSION
-UPDATE and `pgdq upgrade`; pg_dump + restore of an extension install keeps the
-messages and the id sequence."""
+"""Upgrades in place: each release (as released, sql/pgdq--VERSION.sql) plus
+the step scripts equals a fresh install object for object; a live 1.0.0 or
+1.1.0 database keeps every message, lease, token, schedule, channel and dead
+letter through ALTER EXTENSION UPDATE and `pgdq upgrade`; pg_dump + restore of
+an extension install keeps the messages and the id sequence."""
 
 from __future__ import annotations
 
@@ -24,26 +24,38 @@ from pgdq._script import quote_ident, released_install_script, upgrade_steps
 from pgdq.install import upgrade
 
 FIRST_RELEASE = "1.0.0"
+# every released version, each upgraded in place by the tests below
+RELEASES = ("1.0.0", "1.1.0")
 TABLES = ("dq_messages", "dq_dead_letters", "dq_schedules", "dq_queues")
 
 Conn = psycopg.Connection[Any]
 
 
-def install_released(conn: Conn, kind: str, schema: str = "public") -> None:
-    """Install pgdq 1.0.0 exactly as released: the extension, or its script as a plain install."""
+def install_released(conn: Conn, kind: str, schema: str = "public", version: str = FIRST_RELEASE) -> None:
+    """Install a release exactly as released: the extension, or its script as a plain install."""
     if kind == "extension":
-        conn.execute(f"CREATE EXTENSION pgdq SCHEMA {quote_ident(schema)} VERSION '{FIRST_RELEASE}'")
+        conn.execute(f"CREATE EXTENSION pgdq SCHEMA {quote_ident(schema)} VERSION '{version}'")
         return
     with conn.transaction():
-        conn.execute(released_install_script(FIRST_RELEASE, schema).encode())
+        conn.execute(released_install_script(version, schema).encode())
 
 
-def upgrade_to_current(conn: Conn, kind: str, schema: str = "public") -> None:
-    """ALTER EXTENSION pgdq UPDATE, or the plain upgrade `pgdq upgrade` runs."""
+def steps_from(version: str) -> list[tuple[str, str]]:
+    """The (from, to) steps from a release to this version, one per release in between."""
+    return [(old, new) for old, new, _ in upgrade_steps(version, pgdq.__version__)]
+
+
+def upgrade_to_current(conn: Conn, kind: str, schema: str = "public", version: str = FIRST_RELEASE) -> None:
+    """ALTER EXTENSION pgdq UPDATE, or the plain upgrade `pgdq upgrade` runs, from version."""
     if kind == "extension":
         conn.execute("ALTER EXTENSION pgdq UPDATE")
     else:
-        assert upgrade(conn, schema) == [(FIRST_RELEASE, pgdq.__version__)]
+        assert upgrade(conn, schema) == steps_from(version)
+    assert conn.execute(f"SELECT {quote_ident(schema)}.dq_version()").fetchone() == (pgdq.__version__,)
+
+
+def test_each_release_has_its_step_into_the_next() -> None:
+    assert [old for old, _ in steps_from(FIRST_RELEASE)] == list(RELEASES)
 
 
 @pytest.fixture
@@ -109,24 +121,26 @@ def assert_same_catalog(upgraded: dict[str, str], fresh: dict[str, str]) -> None
         for key in sorted(upgraded.keys() | fresh.keys())
         if upgraded.get(key) != fresh.get(key)
     ]
-    assert not differences, "1.0.0 + upgrade differs from a fresh install:\n" + "\n".join(differences[:10])
+    assert not differences, "a release + upgrade differs from a fresh install:\n" + "\n".join(differences[:10])
     assert len(fresh) > 100
 
 
-def test_extension_upgrade_equals_a_fresh_install(database: str, scratch: str) -> None:
+@pytest.mark.parametrize("release", RELEASES)
+def test_extension_upgrade_equals_a_fresh_install(database: str, scratch: str, release: str) -> None:
     recreate_database("pgdq_upgrade_fresh")
     with psycopg.connect(scratch, autocommit=True) as old, psycopg.connect(dsn("pgdq_upgrade_fresh")) as new:
-        install_released(old, "extension")
-        upgrade_to_current(old, "extension")
+        install_released(old, "extension", version=release)
+        upgrade_to_current(old, "extension", version=release)
         new.execute("CREATE EXTENSION pgdq")
         assert_same_catalog(catalog(old, "public"), catalog(new, "public"))
     recreate_database("pgdq_upgrade_fresh")
 
 
-def test_plain_upgrade_equals_a_fresh_install(scratch: str) -> None:
+@pytest.mark.parametrize("release", RELEASES)
+def test_plain_upgrade_equals_a_fresh_install(scratch: str, release: str) -> None:
     with psycopg.connect(scratch, autocommit=True) as conn:
-        install_released(conn, "plain", "queue_upgraded")
-        upgrade_to_current(conn, "plain", "queue_upgraded")
+        install_released(conn, "plain", "queue_upgraded", release)
+        upgrade_to_current(conn, "plain", "queue_upgraded", release)
         install(conn, "queue_freshly")
         assert_same_catalog(catalog(conn, "queue_upgraded"), catalog(conn, "queue_freshly"))
 
@@ -168,9 +182,45 @@ def fill(conn: Conn, consumer: Conn) -> tuple[Any, set[str]]:
     return token[0], keys
 
 
-def snapshot(conn: Conn) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table 1.0.0 had, in a stable order."""
-    return {table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall() for table in TABLES}
+def snapshot(conn: Conn, tables: tuple[str, ...] = TABLES) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of tables (by default every table 1.0.0 had), in a stable order."""
+    return {table: conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall() for table in tables}
+
+
+def fill_channels(conn: Conn, consumer: Conn) -> Any:
+    """What 1.1 added: a channel at its limit, held by the consumer's lease
+    (its lock token returned), one more message waiting its turn, and a
+    message keeping the error of its nack."""
+    conn.execute("SELECT dq_channel_set('tenants', 'partner', 1)")
+    conn.execute("SELECT dq_offer('tenants', k, '1', NULL, true, 'partner', 2) FROM unnest('{p1,p2}'::text[]) k")
+    token = consumer.execute("SELECT lock_token FROM dq_poll_many('tenants', 10, '10 minutes')").fetchall()
+    assert len(token) == 1, "the channel's limit let one through"
+    conn.execute("SELECT dq_offer('errors', 'e', '1')")
+    conn.execute("SELECT dq_nack(lock_token, now() + interval '1 hour', NULL, 'kept') FROM dq_poll('errors')")
+    return token[0][0]
+
+
+def check_live_queue(conn: Conn, consumer: Conn, token: Any, keys: set[str], before: list[tuple[Any, ...]]) -> None:
+    """After an upgrade, fill()'s queue: the consumer's old token extends and
+    acks (in its own queue only), every message is delivered once, the dead
+    letter, schedule and settings survived, and ids keep counting past before's."""
+    assert consumer.execute("SELECT dq_extend(%s, '1 minute') IS NOT NULL", (token,)).fetchone() == (True,)
+    assert consumer.execute("SELECT dq_ack(%s, 'tenants')", (token,)).fetchone() == (False,), "1.2: in its queue"
+    assert consumer.execute("SELECT dq_ack(%s, 'live')", (token,)).fetchone() == (True,), "the old token still acks"
+
+    conn.execute("SELECT set_config('dq.now', %s, false)", (str(datetime.now(UTC) + timedelta(hours=2)),))
+    drained = conn.execute("SELECT key, state, attempts, lock_token FROM dq_poll_many('live', 100)").fetchall()
+    delivered = [key for key, *_ in drained if not key.startswith("nightly/")]
+    assert sorted(delivered) == sorted(keys), "nothing lost, nothing duplicated"
+    assert ("nacked", {"step": 2}, 2) in [row[:3] for row in drained], "the nack's state and attempts survived"
+    tokens = [row[3] for row in drained]
+    assert conn.execute("SELECT dq_ack_many(%s, 'live')", (tokens,)).fetchone() == (len(tokens),)
+    assert conn.execute("SELECT dq_dead_redrive('live')").fetchone() == (1,), "the dead letter survived"
+    assert conn.execute("SELECT name FROM dq_schedules('live')").fetchall() == [("nightly",)]
+    assert conn.execute("SELECT max_attempts FROM dq_queues").fetchall() == [(5,)]
+    conn.execute("SELECT dq_offer('live', 'new', '1')")
+    new_id = conn.execute("SELECT id FROM dq_messages WHERE key = 'new'").fetchone()
+    assert new_id is not None and new_id[0] > max(row[0] for row in before), "ids kept counting"
 
 
 @pytest.mark.parametrize("kind", ["extension", "plain"])
@@ -183,7 +233,6 @@ def test_a_live_database_upgrades_with_everything_in_it(scratch: str, kind: str)
 
         upgrade_to_current(conn, kind)  # while the consumer holds its lease
 
-        assert conn.execute("SELECT dq_version()").fetchone() == (pgdq.__version__,)
         after = snapshot(conn)
         # 1.1 added last_error, last_error_at, failures and missed_from to dq_schedules
         assert [row[8:] for row in after["dq_schedules"]] == [(None, None, 0, None)]
@@ -196,26 +245,11 @@ def test_a_live_database_upgrades_with_everything_in_it(scratch: str, kind: str)
         after["dq_dead_letters"] = [row[:-2] for row in after["dq_dead_letters"]]
         assert after == before, "the upgrade changed no row"
         assert conn.execute("SELECT count(*) FROM dq_groups").fetchone() == (0,), "and made no queue a grouped one"
-        assert consumer.execute("SELECT dq_extend(%s, '1 minute') IS NOT NULL", (token,)).fetchone() == (True,)
-        assert consumer.execute("SELECT dq_ack(%s)", (token,)).fetchone() == (True,), "the old token still acks"
-
-        conn.execute("SELECT set_config('dq.now', %s, false)", (str(datetime.now(UTC) + timedelta(hours=2)),))
-        drained = conn.execute("SELECT key, state, attempts, lock_token FROM dq_poll_many('live', 100)").fetchall()
-        delivered = [key for key, *_ in drained if not key.startswith("nightly/")]
-        assert sorted(delivered) == sorted(keys), "nothing lost, nothing duplicated"
-        assert ("nacked", {"step": 2}, 2) in [row[:3] for row in drained], "the nack's state and attempts survived"
-        tokens = [row[3] for row in drained]
-        assert conn.execute("SELECT dq_ack_many(%s)", (tokens,)).fetchone() == (len(tokens),)
-        assert conn.execute("SELECT dq_dead_redrive('live')").fetchone() == (1,), "the dead letter survived"
-        assert conn.execute("SELECT name FROM dq_schedules('live')").fetchall() == [("nightly",)]
-        assert conn.execute("SELECT max_attempts FROM dq_queues").fetchall() == [(5,)]
-        conn.execute("SELECT dq_offer('live', 'new', '1')")
+        check_live_queue(conn, consumer, token, keys, before["dq_messages"])
         assert conn.execute("SELECT dq_nack(lock_token, NULL, NULL, 'boom') FROM dq_poll('live')").fetchone() == (True,)
         assert conn.execute("SELECT last_error FROM dq_peek('live') WHERE last_error IS NOT NULL").fetchall() == [
             ("boom",)
         ], "a nack keeps its error in the upgraded table"
-        new_id = conn.execute("SELECT id FROM dq_messages WHERE key = 'new'").fetchone()
-        assert new_id is not None and new_id[0] > max(row[0] for row in before["dq_messages"]), "ids kept counting"
         conn.execute("SELECT dq_channel_set('tenants', 'partner', 1)")
         conn.execute("SELECT dq_offer('tenants', k, '1', NULL, true, 'partner', 2) FROM unnest('{p1,p2}'::text[]) k")
         assert conn.execute("SELECT key, channel, priority FROM dq_poll_many('tenants', 10)").fetchall() == [
@@ -223,11 +257,40 @@ def test_a_live_database_upgrades_with_everything_in_it(scratch: str, kind: str)
         ], "channels work in the upgraded database"
 
 
-def test_this_client_works_against_the_released_sql(scratch: str) -> None:
-    """docs/upgrading.md: upgrade the SQL first or together, but a 1.1 client
-    keeps working against 1.0.0 SQL for everything 1.0.0 had."""
+@pytest.mark.parametrize("kind", ["extension", "plain"])
+def test_a_live_1_1_0_database_upgrades_with_everything_in_it(scratch: str, kind: str) -> None:
+    with psycopg.connect(scratch, autocommit=True) as conn, psycopg.connect(scratch, autocommit=True) as consumer:
+        install_released(conn, kind, version="1.1.0")
+        token, keys = fill(conn, consumer)
+        channel_token = fill_channels(conn, consumer)
+        tables = (*TABLES, "dq_groups")
+        before = snapshot(conn, tables)
+        assert [len(before[table]) for table in tables] == [10, 1, 1, 1, 2]
+
+        upgrade_to_current(conn, kind, version="1.1.0")  # while the consumer holds its leases
+
+        assert snapshot(conn, tables) == before, "the upgrade changed no row"
+        assert consumer.execute("SELECT dq_ack(%s, 'live')", (channel_token,)).fetchone() == (False,), (
+            "1.2: a token given another queue is stale"
+        )
+        assert conn.execute("SELECT key FROM dq_poll_many('tenants', 10)").fetchall() == [], (
+            "the channel's lease survived and still holds its limit"
+        )
+        assert consumer.execute("SELECT dq_ack(%s, 'tenants')", (channel_token,)).fetchone() == (True,)
+        assert conn.execute("SELECT key, channel, priority FROM dq_poll_many('tenants', 10)").fetchall() == [
+            ("p2", "partner", 2)
+        ], "the channel's turn came"
+        assert conn.execute("SELECT attempts, last_error FROM dq_peek('errors')").fetchall() == [(1, "kept")]
+        check_live_queue(conn, consumer, token, keys, before["dq_messages"])
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_this_client_against_the_released_sql(scratch: str, release: str) -> None:
+    """docs/upgrading.md: upgrade the SQL first or together. This client works
+    against older SQL for everything it had, but for a Queue's lock-token
+    methods, which pass the queue (1.2): a Client's take any queue's tokens."""
     with psycopg.connect(scratch, autocommit=True) as conn:
-        install_released(conn, "extension")
+        install_released(conn, "extension", version=release)
         q = pgdq.Queue("old", conn)
         assert q.offer("a", {"n": 1}) is pgdq.OfferOutcome.CREATED
         assert [r.outcome for r in q.offer_many([("b", 2), ("a", {"n": 1})])] == ["created", "ignored"]
@@ -235,9 +298,16 @@ def test_this_client_works_against_the_released_sql(scratch: str) -> None:
         assert [(d.key, d.channel, d.priority) for d in got] == [("a", None, 0), ("b", None, 0)]
         info = q.get("a")
         assert info is not None and (info.channel, info.priority) == (None, 0)
-        assert q.ack_many([d.lock_token for d in got]) == 2 and q.next_due() is None
         with pytest.raises(psycopg.errors.UndefinedFunction):
-            q.offer("c", 3, channel="needs-1.1")
+            q.ack_many([d.lock_token for d in got])
+        with pytest.raises(psycopg.errors.UndefinedFunction):
+            got[0].ack()
+        client = pgdq.Client(conn)
+        assert client.extend(got[0].lock_token, 60) is not None
+        assert client.ack_many([d.lock_token for d in got]) == 2 and q.next_due() is None
+        if release == "1.0.0":
+            with pytest.raises(psycopg.errors.UndefinedFunction):
+                q.offer("c", 3, channel="needs-1.1")
 
 
 # -- the command ---------------------------------------------------------------
@@ -248,14 +318,16 @@ def pgdq_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("kind", ["extension", "plain"])
-def test_pgdq_upgrade_says_what_it_did_and_nothing_when_current(scratch: str, kind: str) -> None:
+@pytest.mark.parametrize("release", RELEASES)
+def test_pgdq_upgrade_says_what_it_did_and_nothing_when_current(scratch: str, kind: str, release: str) -> None:
     schema = 'app "queues"' if kind == "plain" else "public"
     with psycopg.connect(scratch, autocommit=True) as conn:
-        install_released(conn, kind, schema)
+        install_released(conn, kind, schema, release)
         conn.execute(f"SELECT {quote_ident(schema)}.dq_offer('q', 'k', '1')")
     done = pgdq_cli("upgrade", "--dsn", scratch, "--schema", schema)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"pgdq upgraded in schema {schema}: {FIRST_RELEASE} -> {pgdq.__version__}"
+    path = " -> ".join([release, *(new for _, new in steps_from(release))])
+    assert done.stdout.strip() == f"pgdq upgraded in schema {schema}: {path}"
     again = pgdq_cli("upgrade", "--dsn", scratch, "--schema", schema)
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == f"pgdq {pgdq.__version__} is already current in schema {schema}; nothing to do"

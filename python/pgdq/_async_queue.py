@@ -179,17 +179,29 @@ class _AsyncBase:
         """The installed pgdq version."""
         return str(await self._value("version", (), conn))
 
-    # lock tokens, whatever their queue
+    # lock tokens: a Client's of any queue, a Queue's of its own only
+
+    def _token_queue(self) -> str | None:
+        """The queue whose lock tokens the token methods accept (None: any)."""
+        return None
+
+    async def _token_value(self, method: str, params: Sequence[Any], conn: AsyncConnection[Any] | None) -> Any:
+        """Run a lock-token method: with _token_queue() as its last argument
+        when there is one (a token of another queue is then stale), else as in 1.1."""
+        queue = self._token_queue()
+        if queue is None:
+            return await self._value(method, params, conn)
+        return await self._value(f"{method}_in_queue", (*params, queue), conn)
 
     async def ack(self, lock_token: UUID | None, *, conn: AsyncConnection[Any] | None = None) -> bool:
         """Delete the message leased under lock_token; False when stale (dq_ack)."""
-        return bool(await self._value("ack", (lock_token,), conn))
+        return bool(await self._token_value("ack", (lock_token,), conn))
 
     async def ack_many(
         self, lock_tokens: Sequence[UUID | None] | None, *, conn: AsyncConnection[Any] | None = None
     ) -> int:
         """Ack a batch of tokens; how many were current (dq_ack_many)."""
-        return int(await self._value("ack_many", (st.token_list(lock_tokens),), conn))
+        return int(await self._token_value("ack_many", (st.token_list(lock_tokens),), conn))
 
     async def nack(
         self,
@@ -204,20 +216,20 @@ class _AsyncBase:
         state and recording error as its last_error if given; False when stale."""
         saved = None if state is None else self.codec.dumps(state)
         params = (lock_token, st.aware(retry_at, "retry_at"), saved, error)
-        return bool(await self._value("nack", params, conn))
+        return bool(await self._token_value("nack", params, conn))
 
     async def extend(
         self, lock_token: UUID | None, lease: st.Lease, *, conn: AsyncConnection[Any] | None = None
     ) -> datetime | None:
         """Lease until now + lease; the new lease end, or None when stale (dq_extend)."""
-        until: datetime | None = await self._value("extend", (lock_token, st.lease(lease)), conn)
+        until: datetime | None = await self._token_value("extend", (lock_token, st.lease(lease)), conn)
         return until
 
     async def dead_letter(
         self, lock_token: UUID | None, error: str | None = None, *, conn: AsyncConnection[Any] | None = None
     ) -> bool:
         """Move the message leased under lock_token to the dead letters; False when stale."""
-        return bool(await self._value("dead_letter", (lock_token, error), conn))
+        return bool(await self._token_value("dead_letter", (lock_token, error), conn))
 
 
 class AsyncClient(_AsyncBase):
@@ -260,7 +272,8 @@ class AsyncQueue(_AsyncBase):
     opened on first use).
     Methods that write take conn= to run inside your own transaction instead.
     The lock-token methods (ack, ack_many, nack, extend, dead_letter) and
-    version are the same as AsyncClient's (one base class).
+    version are AsyncClient's (one base class), but take only this queue's
+    tokens: another queue's token is stale (needs pgdq 1.2.0 SQL).
     """
 
     def __init__(
@@ -276,6 +289,10 @@ class AsyncQueue(_AsyncBase):
         super().__init__(source, schema=schema, codec=codec if codec is not None else JsonCodec(payload_type))
         self.name = name
         self.lease = st.lease(lease)
+
+    def _token_queue(self) -> str | None:
+        """This queue: its token methods refuse another queue's tokens."""
+        return self.name
 
     def _lease(self, lease: st.Lease | None) -> timedelta | None:
         """The lease to ask for: the given one, else the queue's default."""

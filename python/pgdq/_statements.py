@@ -22,7 +22,9 @@ _PAYLOAD_ARRAY = (
     "ARRAY(SELECT e.v FROM pg_catalog.jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e (v, n) ORDER BY e.n)"
 )
 
-# method name -> statement; {fn} is replaced by the (schema-qualified) function
+# method name -> statement; {fn} is replaced by the (schema-qualified) function,
+# dq_ and the method name without these suffixes (variants of one function)
+_VARIANTS = ("_grouped", "_in_queue")
 _TEMPLATES: dict[str, str] = {
     # plain offers call the 1.0 signatures, so this client works against 1.0.0 SQL
     "offer": "SELECT {fn}(%s, %s, %s::jsonb, %s, %s)",
@@ -34,11 +36,19 @@ _TEMPLATES: dict[str, str] = {
     + ", %s::timestamptz[], %s, %s::text[], %s::integer[]) AS o",
     "poll": "SELECT * FROM {fn}(%s, %s)",
     "poll_many": "SELECT * FROM {fn}(%s, %s, %s)",
+    # lock tokens of any queue (a Client): the 1.1 signatures, so it works against 1.0.0 and 1.1.0 SQL
     "ack": "SELECT {fn}(%s)",
     "ack_many": "SELECT {fn}(%s::uuid[])",
     "ack_poll": "SELECT * FROM {fn}(%s::uuid[], %s, %s, %s)",
     "nack": "SELECT {fn}(%s, %s, %s::jsonb, %s::text)",
     "extend": "SELECT {fn}(%s, %s)",
+    "dead_letter": "SELECT {fn}(%s, %s)",
+    # lock tokens of one queue (a Queue): its name last, another queue's token is stale (1.2)
+    "ack_in_queue": "SELECT {fn}(%s, %s::text)",
+    "ack_many_in_queue": "SELECT {fn}(%s::uuid[], %s::text)",
+    "nack_in_queue": "SELECT {fn}(%s, %s, %s::jsonb, %s::text, %s::text)",
+    "extend_in_queue": "SELECT {fn}(%s, %s, %s::text)",
+    "dead_letter_in_queue": "SELECT {fn}(%s, %s::text, %s::text)",
     "cancel": "SELECT {fn}(%s, %s)",
     "get": "SELECT * FROM {fn}(%s, %s)",
     "purge": "SELECT {fn}(%s)",
@@ -52,7 +62,6 @@ _TEMPLATES: dict[str, str] = {
     "cron_uninstall": "SELECT {fn}(%s, %s, %s)",
     "version": "SELECT {fn}()",
     "configure": "SELECT {fn}(%s, %s)",
-    "dead_letter": "SELECT {fn}(%s, %s)",
     "dead_list": "SELECT * FROM {fn}(%s, %s)",
     "dead_redrive": "SELECT {fn}(%s, %s, %s)",
     "dead_purge": "SELECT {fn}(%s, %s)",
@@ -79,7 +88,10 @@ def statements(schema: str | None) -> dict[str, bytes]:
     """Every statement, rendered once per schema, calling dq_<method> in schema (or on search_path)."""
     rendered = {}
     for method, template in _TEMPLATES.items():
-        name = sql.Identifier(f"dq_{method.removesuffix('_grouped')}")
+        function = method
+        for variant in _VARIANTS:
+            function = function.removesuffix(variant)
+        name = sql.Identifier(f"dq_{function}")
         fn = sql.SQL(".").join([sql.Identifier(schema), name]) if schema else name
         rendered[method] = sql.SQL(template).format(fn=fn).as_bytes(None)
     return rendered

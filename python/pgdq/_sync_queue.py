@@ -174,15 +174,27 @@ class _Base:
         """The installed pgdq version."""
         return str(self._value("version", (), conn))
 
-    # lock tokens, whatever their queue
+    # lock tokens: a Client's of any queue, a Queue's of its own only
+
+    def _token_queue(self) -> str | None:
+        """The queue whose lock tokens the token methods accept (None: any)."""
+        return None
+
+    def _token_value(self, method: str, params: Sequence[Any], conn: Connection[Any] | None) -> Any:
+        """Run a lock-token method: with _token_queue() as its last argument
+        when there is one (a token of another queue is then stale), else as in 1.1."""
+        queue = self._token_queue()
+        if queue is None:
+            return self._value(method, params, conn)
+        return self._value(f"{method}_in_queue", (*params, queue), conn)
 
     def ack(self, lock_token: UUID | None, *, conn: Connection[Any] | None = None) -> bool:
         """Delete the message leased under lock_token; False when stale (dq_ack)."""
-        return bool(self._value("ack", (lock_token,), conn))
+        return bool(self._token_value("ack", (lock_token,), conn))
 
     def ack_many(self, lock_tokens: Sequence[UUID | None] | None, *, conn: Connection[Any] | None = None) -> int:
         """Ack a batch of tokens; how many were current (dq_ack_many)."""
-        return int(self._value("ack_many", (st.token_list(lock_tokens),), conn))
+        return int(self._token_value("ack_many", (st.token_list(lock_tokens),), conn))
 
     def nack(
         self,
@@ -197,20 +209,20 @@ class _Base:
         state and recording error as its last_error if given; False when stale."""
         saved = None if state is None else self.codec.dumps(state)
         params = (lock_token, st.aware(retry_at, "retry_at"), saved, error)
-        return bool(self._value("nack", params, conn))
+        return bool(self._token_value("nack", params, conn))
 
     def extend(
         self, lock_token: UUID | None, lease: st.Lease, *, conn: Connection[Any] | None = None
     ) -> datetime | None:
         """Lease until now + lease; the new lease end, or None when stale (dq_extend)."""
-        until: datetime | None = self._value("extend", (lock_token, st.lease(lease)), conn)
+        until: datetime | None = self._token_value("extend", (lock_token, st.lease(lease)), conn)
         return until
 
     def dead_letter(
         self, lock_token: UUID | None, error: str | None = None, *, conn: Connection[Any] | None = None
     ) -> bool:
         """Move the message leased under lock_token to the dead letters; False when stale."""
-        return bool(self._value("dead_letter", (lock_token, error), conn))
+        return bool(self._token_value("dead_letter", (lock_token, error), conn))
 
 
 class Client(_Base):
@@ -251,7 +263,8 @@ class Queue(_Base):
     opened on first use).
     Methods that write take conn= to run inside your own transaction instead.
     The lock-token methods (ack, ack_many, nack, extend, dead_letter) and
-    version are the same as Client's (one base class).
+    version are Client's (one base class), but take only this queue's
+    tokens: another queue's token is stale (needs pgdq 1.2.0 SQL).
     """
 
     def __init__(
@@ -267,6 +280,10 @@ class Queue(_Base):
         super().__init__(source, schema=schema, codec=codec if codec is not None else JsonCodec(payload_type))
         self.name = name
         self.lease = st.lease(lease)
+
+    def _token_queue(self) -> str | None:
+        """This queue: its token methods refuse another queue's tokens."""
+        return self.name
 
     def _lease(self, lease: st.Lease | None) -> timedelta | None:
         """The lease to ask for: the given one, else the queue's default."""

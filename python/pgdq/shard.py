@@ -381,6 +381,22 @@ def _setof(result: str) -> str:
     return result if result.startswith(("SETOF ", "TABLE(")) else f"SETOF {result}"
 
 
+def _parameters(arguments: str) -> str:
+    """$1, $2, ...: one for each argument of arguments (pg_get_function_arguments:
+    a comma inside a quoted or bracketed default is not a separator)."""
+    count, depth, quoted = 1, 0, False
+    for char in arguments:
+        if char in "'\"":
+            quoted = not quoted
+        elif not quoted and char in "([":
+            depth += 1
+        elif not quoted and char in ")]":
+            depth -= 1
+        elif not quoted and not depth and char == ",":
+            count += 1
+    return ", ".join(f"${n}" for n in range(1, count + 1))
+
+
 def _functions(f: Signature) -> list[str]:
     """The router's statements for one pgdq function."""
     route, args, result = ROUTES[f.name], f.arguments, f.result
@@ -392,12 +408,13 @@ def _functions(f: Signature) -> list[str]:
         return [_proxy(f.name, f.name, args, result, "ANY")]
     bare = f.name.removeprefix("dq_")
     if route == "tokens":
+        params = _parameters(args)  # every argument, the queue of 1.2 too
         return [
             _proxy(f"dq__split_{bare}", f.name, args, _setof(result), "@s@.dq__token_hash(lock_tokens)", "lock_tokens"),
             _proxy(f"dq__any_{bare}", f.name, args, result, "ANY"),
             f"""CREATE FUNCTION @s@.{f.name}({args}) RETURNS {result} LANGUAGE sql VOLATILE AS $$
-            SELECT CASE WHEN $1 IS NULL THEN @s@.dq__any_{bare}($1)
-                ELSE (SELECT coalesce(sum(n), 0)::{result} FROM @s@.dq__split_{bare}($1) AS n) END $$""",
+            SELECT CASE WHEN $1 IS NULL THEN @s@.dq__any_{bare}({params})
+                ELSE (SELECT coalesce(sum(n), 0)::{result} FROM @s@.dq__split_{bare}({params}) AS n) END $$""",
         ]
     if route == "ack_poll":
         return [
