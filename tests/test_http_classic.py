@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from conftest import ROOT
 from http_server import Server, make_tokens, serve
@@ -70,7 +71,8 @@ def test_ids_are_unique_across_topics(api: httpx.Client, queue_name: str, q: Que
     other = queue_name + "_other"
     assert command(api, command="add", topic=queue_name, id="x", body=1)[1]["success"]
     status, answer = command(api, command="add", topic=other, id="x", body=2)
-    assert (status, answer["success"]) == (409, False) and "taken by topic" in answer["error"]
+    assert (status, answer["success"]) == (409, False) and "taken by another topic" in answer["error"]
+    assert other not in answer["error"] and queue_name not in answer["error"], "no topic named"
     assert Queue(other, database).get("x") is None, "nothing written"
     Queue(other, database).offer("x", 3)  # not through /command: both topics hold x
     status, answer = command(api, command="delete", id="x")
@@ -95,7 +97,13 @@ def test_concurrent_adds_of_one_id_to_two_topics(api: httpx.Client, queue_name: 
         ({"command": "shout", "topic": "t"}, "does not match any of the expected tags"),
         ({"topic": "t", "id": "k"}, "Unable to extract tag using discriminator"),
         ({"command": "add", "topic": "t"}, "add.id: Field required"),
-        ({"command": "add", "topic": "t", "id": "k", "TTR": 0}, "TTR"),
+        ({"command": "add", "topic": "t", "id": "k", "TTR": 0}, "TTR: Input should be greater than or equal to 1"),
+        ({"command": "add", "topic": "t", "id": "k", "TTR": 1e-7}, "TTR: Input should be greater than or equal to 1"),
+        ({"command": "add", "topic": "t", "id": "k", "TTR": 0.5}, "TTR: Input should be greater than or equal to 1"),
+        ({"command": "add", "topic": "t", "id": "k", "TTR": -1}, "TTR: Input should be greater than or equal to 1"),
+        ({"command": "add", "topic": "t", "id": "k", "TTR": 1e300}, "TTR: Input should be less than or equal to 86400"),
+        ({"command": "add", "topic": "t", "id": "k", "TTR": 86401}, "TTR: Input should be less than or equal to 86400"),
+        ({"command": "add", "topic": "t", "id": "k", "TTR": "60"}, "TTR: Input should be a valid number"),
         ({"command": "add", "topic": "t", "id": "k", "delay": -1}, "delay"),
         ({"command": "add", "topic": "t", "id": "k", "delay": "5"}, "delay"),
         ({"command": "add", "topic": "t", "id": "k", "surprise": 1}, "surprise: Extra inputs"),
@@ -144,6 +152,91 @@ def test_tokens(database: str, tmp_path: Path) -> None:
             assert api.post("/command", json={"command": "finish", "id": "t1"}, headers=ops).json()["success"]
     finally:
         s.stop()
+
+
+# Envelopes no add writes (a TTR under a second, negative, past any interval,
+# not a number) beside good jobs, offered straight through SQL.
+PLANTED = {
+    "good:1": ("120", 120),
+    "bad:tiny": ("1e-7", 60),
+    "bad:negative": ("-1", 60),
+    "bad:huge": ("1e300", 60),
+    "bad:past_float": ("1e400", 60),
+    "bad:text": ('"soon"', 60),
+    "good:2": ("30", 30),
+}
+
+
+def _plant(conn: psycopg.Connection[Any], topic: str) -> None:
+    for key, (ttr, _) in PLANTED.items():
+        conn.execute(
+            "SELECT dq_offer(%s, %s, jsonb_build_object('body', %s::text, 'ttr', %s::jsonb))", (topic, key, key, ttr)
+        )
+
+
+def test_a_bad_envelope_breaks_neither_its_batch_nor_its_topic(
+    api: httpx.Client, queue_name: str, q: Queue, conn: psycopg.Connection[Any], database: str
+) -> None:
+    q.configure(max_attempts=1)  # a job leased and lost once would be buried: none must be
+    _plant(conn, queue_name)
+    status, answer = command(api, command="pop", topic=queue_name, count=10)
+    assert status == 200, answer
+    assert {j["id"]: (j["value"], j["TTR"]) for j in answer["value"]} == {k: (k, t) for k, (_, t) in PLANTED.items()}
+    for key, (_, ttr) in PLANTED.items():
+        left = q.get(key).due_at - datetime.now(UTC)  # type: ignore[union-attr]
+        assert timedelta(seconds=ttr - 15) < left <= timedelta(seconds=ttr), (key, left)
+    q.purge()
+    _plant(conn, queue_name)
+    popped = {}
+    for _ in PLANTED:
+        status, answer = command(api, command="pop", topic=queue_name)
+        assert status == 200 and answer["success"], answer
+        popped[answer["id"]] = answer["value"]
+    assert popped == {k: k for k in PLANTED}
+    assert command(api, command="pop", topic=queue_name) == (200, _empty())
+    assert Client(database).dead_stats(queue_name) == []
+
+
+def _token_answers(api: httpx.Client, secret: str | None, fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The answer to fields sent with secret as the bearer token (None: no token)."""
+    headers = {"authorization": f"Bearer {secret}"} if secret else {}
+    r = api.post("/command", json=fields, headers=headers)
+    return r.status_code, r.json()
+
+
+def test_tokens_cannot_probe_ids_or_learn_topics(database: str, tmp_path: Path) -> None:
+    secrets = make_tokens(
+        tmp_path / "tokens.json",
+        {"shop": (["produce"], ["orders"]), "worker": (["consume", "produce"], ["orders"])},
+    )
+    Queue("secret-payroll", database).offer("salary:1", {"body": "x", "ttr": 60})
+    s = serve(database, "--tokens", str(tmp_path / "tokens.json"))
+    try:
+        with httpx.Client(base_url=s.url, timeout=10) as api:
+            for who, cmd, status in [
+                (None, "finish", 401),  # no token
+                (None, "delete", 401),
+                ("worker", "finish", 404),  # a token for another queue: as absent as a missing id
+                ("worker", "delete", 404),
+                ("shop", "finish", 403),  # a token without the scope
+            ]:
+                secret = secrets[who] if who else None
+                there = _token_answers(api, secret, {"command": cmd, "id": "salary:1"})
+                missing = _token_answers(api, secret, {"command": cmd, "id": "salary:404"})
+                assert there[0] == missing[0] == status, (who, cmd, there, missing)
+                assert there[1] == {**missing[1], "error": missing[1]["error"].replace("salary:404", "salary:1")}
+                assert "payroll" not in str(there), there
+            assert Queue("secret-payroll", database).get("salary:1") is not None, "nothing deleted"
+            for fields in (
+                {"command": "add", "topic": "orders", "id": "salary:1"},
+                {"command": "pop", "topic": "secret-payroll"},
+                {"command": "finish", "id": "salary:1", "topic": "secret-payroll"},
+            ):
+                status, answer = _token_answers(api, secrets["worker"], fields)
+                assert status in (403, 409) and "payroll" not in answer["error"], answer
+    finally:
+        s.stop()
+        Queue("secret-payroll", database).purge()
 
 
 @pytest.mark.skipif(shutil.which("php") is None, reason="php-cli is not installed (make deps installs it)")

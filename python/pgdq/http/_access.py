@@ -3,7 +3,7 @@ and who may do what (bearer tokens, the dashboard's cookie)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import Request
@@ -20,17 +20,33 @@ class ApiError(Exception):
         self.status, self.message, self.headers = status, message, headers
 
 
-# The classic protocol's one route: its failures keep that protocol's shape.
+# The classic protocol's one route and the delay-queue (ouqiang) dialect's
+# routes: their failures keep their protocol's shape (PROTOCOL_FAILURES).
 CLASSIC_PATH = "/command"
+DELAY_QUEUE_PATHS = ("/push", "/pop", "/finish", "/delete")
+
+
+def _classic_failure(message: str) -> dict[str, Any]:
+    return {"success": False, "error": message, "id": None, "value": None}
+
+
+def _delay_queue_failure(message: str) -> dict[str, Any]:
+    return {"code": 1, "message": message, "data": None}
+
+
+PROTOCOL_FAILURES: dict[str, Callable[[str], dict[str, Any]]] = {
+    CLASSIC_PATH: _classic_failure,
+    **dict.fromkeys(DELAY_QUEUE_PATHS, _delay_queue_failure),
+}
 
 
 def error_response(
     path: str, status: int, message: str, sqlstate: str | None = None, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
-    """A failure answer: {"error", "sqlstate"?}, or on CLASSIC_PATH {"success": false, "error", ...}."""
+    """A failure answer: {"error", "sqlstate"?}, or on a path of PROTOCOL_FAILURES that protocol's shape."""
     body: dict[str, Any] = {"error": message}
-    if path == CLASSIC_PATH:
-        body = {"success": False, "error": message, "id": None, "value": None}
+    if path in PROTOCOL_FAILURES:
+        body = PROTOCOL_FAILURES[path](message)
     elif sqlstate is not None:
         body["sqlstate"] = sqlstate
     return JSONResponse(body, status_code=status, headers=headers)
@@ -49,13 +65,19 @@ def presented_token(request: Request) -> Token | None:
     return find_token(tokens, secret.strip()) if secret.strip() else None
 
 
-def authorize(request: Request, scope: str, queue: str | None) -> None:
-    """Raise 401 without a valid bearer token, 403 if it may not act in scope on queue."""
+def authenticate(request: Request) -> Token | None:
+    """The request's valid token; None when the service has no tokens; 401 without one."""
     if request.app.state.settings.tokens is None:
-        return
+        return None
     token = presented_token(request)
     if token is None:
         raise ApiError(401, "a valid bearer token is required", {"WWW-Authenticate": "Bearer"})
-    if not token.allows(scope, queue):
-        where = f"queue {queue!r}" if queue is not None else "every queue"
+    return token
+
+
+def authorize(request: Request, scope: str, queue: str | None) -> None:
+    """Raise 401 without a valid bearer token, 403 if it may not act in scope on queue (never named)."""
+    token = authenticate(request)
+    if token is not None and not token.allows(scope, queue):
+        where = "this queue" if queue is not None else "every queue"
         raise ApiError(403, f"token {token.name!r} has no {scope} scope on {where}")

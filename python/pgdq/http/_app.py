@@ -25,6 +25,7 @@ from ._auth import Token
 from ._classic import router as classic_router
 from ._dashboard import HERE
 from ._dashboard import router as dashboard_router
+from ._delay_queue import router as delay_queue_router
 from ._metrics import RequestMetrics
 from ._metrics import router as metrics_router
 from ._v1 import router
@@ -159,6 +160,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(router)
     app.include_router(manage_router)
     app.include_router(classic_router)
+    app.include_router(delay_queue_router)
     app.include_router(dashboard_router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.include_router(metrics_router)

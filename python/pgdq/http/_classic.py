@@ -10,18 +10,28 @@ topic holds is refused, and finish and delete find the id's topic
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
+import psycopg
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field, JsonValue, StrictInt
+from pydantic import BaseModel, Field, JsonValue, StrictInt, TypeAdapter, ValidationError
 
 from .. import AsyncDelivery
-from ._access import CLASSIC_PATH, ApiError, authorize
-from ._models import MAX_BATCH, MAX_WAIT, Body, Key, LeaseSeconds, Number, Seconds
+from ..errors import PgdqError
+from ._access import CLASSIC_PATH, ApiError, authenticate, authorize
+from ._auth import Token
+from ._models import MAX_BATCH, MAX_WAIT, Body, Key, Number, Seconds
 from ._v1 import _at, _client, _queue, poll_waiting
 
-DEFAULT_TTR = 60.0  # seconds a pop leases a job that names no TTR
+log = logging.getLogger("pgdq.http")
+
+DEFAULT_TTR = 60.0  # seconds a pop leases a job that names no TTR (or a TTR no add accepts)
+MIN_TTR, MAX_TTR = 1, 86400  # seconds: a TTR shorter than a second or longer than a day is refused
 Topic = Annotated[str, Field(min_length=1, max_length=100, description="the queue")]
+TtrSeconds = Annotated[Number, Field(ge=MIN_TTR, le=MAX_TTR, description="seconds a pop leases the job for")]
+_TTR = TypeAdapter(TtrSeconds)
 
 
 class Add(Body):
@@ -31,7 +41,7 @@ class Add(Body):
     topic: Topic
     id: Key
     delay: Seconds = 0
-    TTR: LeaseSeconds = Field(DEFAULT_TTR, description="seconds a pop of this job leases it for")
+    TTR: TtrSeconds = DEFAULT_TTR
     body: JsonValue = None
 
 
@@ -88,64 +98,87 @@ router = APIRouter(tags=["classic protocol"])
 async def command(request: Request, body: Command) -> Answer:
     """One command of the classic protocol: add, pop, finish or delete."""
     if isinstance(body, Add):
-        return await _add(request, body)
+        outcome = await add_job(request, body.topic, body.id, body.delay, body.TTR, body.body)
+        return Answer(success=True, id=body.id, value=outcome)
     if isinstance(body, Pop):
-        return await _pop(request, body)
-    return await _remove(request, body)
+        jobs = await pop_jobs(request, [body.topic], body.count or 1, body.wait)
+        if body.count is not None:
+            return Answer(success=True, value=[j.model_dump() for j in jobs])
+        return Answer(success=True, id=jobs[0].id, value=jobs[0].value) if jobs else Answer(success=True)
+    if not await remove_job(request, body.id, body.topic, "consume" if isinstance(body, Finish) else "produce"):
+        raise ApiError(404, f"no job of id {body.id!r}")
+    return Answer(success=True, id=body.id)
 
 
-async def _add(request: Request, job: Add) -> Answer:
-    """Offer the job under an advisory lock on its id, refused if another topic holds the id."""
-    authorize(request, "produce", job.topic)
+# What the classic protocol and its dialects (_delay_queue.py) share: one place each.
+
+
+async def add_job(request: Request, topic: str, job_id: str, delay: float, ttr: float, body: JsonValue) -> str:
+    """Offer the job under an advisory lock on its id (produce scope); its outcome
+    (created, updated); 409 if another topic holds the id, naming none."""
+    authorize(request, "produce", topic)
     async with request.app.state.pool.connection() as conn, conn.transaction():
-        await conn.execute("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(%s, 0))", (job.id,))
-        elsewhere = [t for t in await _client(request).key_queues(job.id, conn=conn) if t != job.topic]
-        if elsewhere:
-            raise ApiError(409, f"id {job.id!r} is taken by topic {elsewhere[0]!r}; ids are unique across topics")
-        due = _at(None, job.delay or None)  # no delay: due at the database's now
-        outcome = await _queue(request, job.topic).offer(job.id, {"body": job.body, "ttr": job.TTR}, due, conn=conn)
-    return Answer(success=True, id=job.id, value=outcome.value)
+        await conn.execute("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended(%s, 0))", (job_id,))
+        if any(t != topic for t in await _client(request).key_queues(job_id, conn=conn)):
+            raise ApiError(409, f"id {job_id!r} is taken by another topic; ids are unique across topics")
+        due = _at(None, delay or None)  # no delay: due at the database's now
+        outcome = await _queue(request, topic).offer(job_id, {"body": body, "ttr": ttr}, due, conn=conn)
+    return str(outcome.value)
+
+
+async def pop_jobs(request: Request, topics: Sequence[str], count: int, wait: float) -> list[Job]:
+    """Lease up to count jobs of the first of topics that has any (consume scope on
+    each), each for its own TTR; wait up to wait seconds for one."""
+    for topic in topics:
+        authorize(request, "consume", topic)
+    deliveries = await poll_waiting(request, topics, count, DEFAULT_TTR, wait)
+    return [await _lease_for_ttr(request, d) for d in deliveries]
 
 
 def _body_and_ttr(payload: Any) -> tuple[Any, float]:
-    """A job's body and TTR from its envelope; a message offered otherwise is all body."""
-    if isinstance(payload, dict) and payload.keys() == {"body", "ttr"} and isinstance(payload["ttr"], int | float):
-        return payload["body"], float(payload["ttr"])
-    return payload, DEFAULT_TTR
-
-
-async def _pop(request: Request, pop: Pop) -> Answer:
-    """Lease up to count jobs, each for its own TTR (a second statement for those not of the default)."""
-    authorize(request, "consume", pop.topic)
-    deliveries = await poll_waiting(request, pop.topic, pop.count or 1, DEFAULT_TTR, pop.wait)
-    jobs = [await _lease_for_ttr(request, d) for d in deliveries]
-    if pop.count is None:
-        return Answer(success=True, id=jobs[0].id, value=jobs[0].value) if jobs else Answer(success=True)
-    return Answer(success=True, value=[j.model_dump() for j in jobs])
+    """A job's body and TTR from its envelope (a TTR no add accepts: DEFAULT_TTR);
+    a message offered otherwise is all body."""
+    if not (isinstance(payload, dict) and payload.keys() == {"body", "ttr"}):
+        return payload, DEFAULT_TTR
+    try:
+        return payload["body"], float(_TTR.validate_python(payload["ttr"]))
+    except ValidationError:
+        log.warning("a job's envelope has a TTR no add accepts (%.60r): leased for %s s", payload["ttr"], DEFAULT_TTR)
+        return payload["body"], DEFAULT_TTR
 
 
 async def _lease_for_ttr(request: Request, delivery: AsyncDelivery) -> Job:
-    """The job of a delivery, its lease made its TTR long."""
+    """The job of a delivery, its lease made its TTR long; if that fails, the job
+    keeps the poll's lease (DEFAULT_TTR): one job's failure is never its batch's."""
     body, ttr = _body_and_ttr(delivery.raw_payload)
     if ttr != DEFAULT_TTR:
-        await _client(request).extend(delivery.lock_token, ttr)
+        try:
+            if await _client(request).extend(delivery.lock_token, ttr) is None:
+                ttr = DEFAULT_TTR
+        except (PgdqError, psycopg.Error) as e:
+            log.warning("cannot lease job %r for its TTR %s s: %s", delivery.key, ttr, e)
+            ttr = DEFAULT_TTR
     return Job(id=delivery.key, value=body, TTR=ttr)
 
 
-async def _remove(request: Request, job: Finish | Delete) -> Answer:
-    """Delete the job of that id (finish: consume scope; delete: produce scope)."""
-    topic = job.topic or await _topic_of(request, job.id)
-    authorize(request, "consume" if isinstance(job, Finish) else "produce", topic)
-    if not await _queue(request, topic).cancel(job.id):
-        raise ApiError(404, f"no job of id {job.id!r} in topic {topic!r}")
-    return Answer(success=True, id=job.id)
+async def remove_job(request: Request, job_id: str, topic: str | None, scope: str) -> bool:
+    """Delete the job of job_id from topic, else from the one topic holding it that the
+    caller may act on in scope; False if there is none. 401 and 403 come before any
+    lookup, and an id in a topic the caller may not touch is as absent as a missing one."""
+    if topic is not None:
+        authorize(request, scope, topic)
+        return await _queue(request, topic).cancel(job_id)
+    token = authenticate(request)
+    if token is not None and not token.scopes & {scope, "admin"}:
+        raise ApiError(403, f"token {token.name!r} has no {scope} scope")
+    topic = await _topic_of(request, job_id, token, scope)
+    return topic is not None and await _queue(request, topic).cancel(job_id)
 
 
-async def _topic_of(request: Request, job_id: str) -> str:
-    """The one topic holding job_id: 404 if none, 409 if several."""
-    topics = await _client(request).key_queues(job_id)
-    if not topics:
-        raise ApiError(404, f"no job of id {job_id!r}")
+async def _topic_of(request: Request, job_id: str, token: Token | None, scope: str) -> str | None:
+    """The one topic holding job_id that token may act on in scope (None: no such
+    topic); 409 if several, naming only those."""
+    topics = [t for t in await _client(request).key_queues(job_id) if token is None or token.allows(scope, t)]
     if len(topics) > 1:
         raise ApiError(409, f"id {job_id!r} is in topics {', '.join(topics)}: name the topic")
-    return topics[0]
+    return topics[0] if topics else None

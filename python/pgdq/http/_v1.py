@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, TypeVar
 
@@ -88,32 +89,39 @@ async def poll(request: Request, queue: QueueName, body: PollIn) -> PollOut:
     return PollOut(deliveries=[_wire(DeliveryOut, d) for d in deliveries])
 
 
-async def poll_waiting(request: Request, queue: str, count: int, lease: float, wait: float) -> list[AsyncDelivery]:
-    """Up to count deliveries of queue; none due: wait up to wait seconds, woken
-    by dq_wakeup or the next due time ([] if none came or the client left)."""
-    q = _queue(request, queue)
+async def poll_waiting(
+    request: Request, queues: str | Sequence[str], count: int, lease: float, wait: float
+) -> list[AsyncDelivery]:
+    """Up to count deliveries of the first of queues (in order) that has any; none
+    due: wait up to wait seconds, woken by dq_wakeup of any of them or the next
+    due time ([] if none came or the client left)."""
+    names = [queues] if isinstance(queues, str) else list(queues)
     deadline = asyncio.get_running_loop().time() + wait
     while True:
-        with request.app.state.wakeups.waiter(queue) as woken:  # before the poll: no wake-up is lost
-            deliveries = await q.poll_many(count, lease)
+        with contextlib.ExitStack() as waiters:  # before the poll: no wake-up is lost
+            woken = [waiters.enter_context(request.app.state.wakeups.waiter(name)) for name in names]
+            for name in names:
+                deliveries = await _queue(request, name).poll_many(count, lease)
+                if deliveries:
+                    return deliveries
             left = deadline - asyncio.get_running_loop().time()
-            if deliveries or left <= 0:
-                return deliveries
-            due = await q.next_due()
-            if due is not None:
-                left = min(left, max((due - datetime.now(UTC)).total_seconds(), 0.01))
+            if left <= 0:
+                return []
+            dues = [due for name in names if (due := await _queue(request, name).next_due()) is not None]
+            if dues:
+                left = min(left, max((min(dues) - datetime.now(UTC)).total_seconds(), 0.01))
             if not await _woken_or_gone(request, woken, left):
                 return []
 
 
-async def _woken_or_gone(request: Request, woken: asyncio.Event, timeout: float) -> bool:
-    """Wait for woken or timeout; False if the client went away meanwhile."""
+async def _woken_or_gone(request: Request, woken: Sequence[asyncio.Event], timeout: float) -> bool:
+    """Wait for any of woken or timeout; False if the client went away meanwhile."""
     gone = asyncio.ensure_future(_disconnected(request))
-    wake = asyncio.ensure_future(woken.wait())
+    tasks = [gone, *(asyncio.ensure_future(event.wait()) for event in woken)]
     try:
-        await asyncio.wait((gone, wake), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (gone, wake):
+        for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
