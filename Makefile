@@ -45,14 +45,23 @@ sql:
 	python3 python/pgdq/_script.py $(SCHEMA) > build/pgdq.sql
 	@echo "wrote build/pgdq.sql (schema $(SCHEMA)); apply with: psql -1 -f build/pgdq.sql"
 
-deps:
-	scripts/deps.sh
+# What each target needs: system packages (scripts/deps.sh demo|serve|spark|test)
+# and the package's extras in .venv. There is one .venv: a target needing more
+# extras than it holds adds them (pip upgrades it in place, never rebuilds it).
+EXTRAS_demo :=
+EXTRAS_serve := http
+EXTRAS_spark := spark
+EXTRAS_test := dev,spark,http
 
-venv: $(VENV)/.stamp
-$(VENV)/.stamp: python/pyproject.toml
+deps: deps-test
+deps-%:
+	scripts/deps.sh $*
+
+venv: $(VENV)/.stamp-test
+$(VENV)/.stamp-%: python/pyproject.toml | deps-%
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
-	$(PY) -m pip install -e 'python[dev,spark,http]' >> $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
+	$(PY) -m pip install -e 'python$(if $(EXTRAS_$*),[$(EXTRAS_$*)])' >> $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
 	touch $@
 
 installcheck:
@@ -66,16 +75,16 @@ lint: venv
 	$(VENV)/bin/ruff check python tests examples bench
 	$(VENV)/bin/ruff format --check python tests examples bench
 
-test: deps venv
+test: venv
 	scripts/test.sh
 
-demo: deps venv
+demo: $(VENV)/.stamp-demo
 	scripts/demo.sh
 
-serve-demo: deps venv
+serve-demo: $(VENV)/.stamp-serve
 	scripts/demo.sh examples/serve_demo.py $(SERVE_ARGS)
 
-spark-demo: deps venv
+spark-demo: $(VENV)/.stamp-spark
 	scripts/demo.sh examples/spark_reminders.py $(SPARK_ARGS)
 
 cluster-stop:
@@ -86,5 +95,5 @@ sync-code: venv
 	$(VENV)/bin/python python/tools/gen_sync.py
 	python3 python/tools/gen_upgrade.py
 
-bench: deps venv
+bench: venv
 	scripts/bench.sh $(BENCH_ARGS)

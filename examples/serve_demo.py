@@ -38,7 +38,7 @@ def seed(dsn: str) -> None:
     orders.offer_many(Message(f"close-unpaid-order-{n}", {"order": n}, at) for n, at in enumerate(peak))
     orders.offer_many(Message(f"close-unpaid-order-late-{n}", {"order": n}) for n in range(5))
     (failing,) = orders.poll_many(1)
-    failing.dead_letter("payment provider answered 502 three times")
+    failing.dead_letter("the payment provider declined the card (402); not retried")
     orders.set_channel("refunds", max_concurrency=1)  # one refund at a time
     refunds = (Message(f"refund-{n}", {"refund": n}, now + timedelta(minutes=5 * n), "refunds") for n in range(12))
     orders.offer_many(refunds)

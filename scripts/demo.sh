@@ -7,8 +7,29 @@
 # demo installs pgdq into, and purges a queue of, only a database it was
 # given explicitly, after saying so and asking:
 #   make demo DEMO_DSN=postgresql://…        (DEMO_YES=1 answers yes: no terminal needed)
+#   scripts/demo.sh --next-steps DSN   only print the next steps for DSN
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# What to try after the demo, from the checkout. They touch only the demo's
+# own queue (pgdq_demo), never the queues README.md's walk-through uses.
+# tests/test_readme.py runs them (but the export and source lines, which it
+# sets up itself, and those that run until Ctrl-C) before the README's blocks.
+next_steps() {
+  cat <<STEPS
+Next steps, from this directory (then every snippet of README.md runs as shown):
+  export DATABASE_URL=$1
+  source .venv/bin/activate                               # python with pgdq, and the pgdq command
+  psql "\$DATABASE_URL" -c 'SELECT * FROM dq_stats()'     # the SQL API
+  python -c 'import os; from pgdq import Queue; print(Queue("pgdq_demo", os.environ["DATABASE_URL"]).offer("hello", {"hi": 1}).value)'
+  (cd examples && pgdq worker --queue pgdq_demo --handler tasks:log_delivery)   # logs each delivery; Ctrl-C stops it
+  make serve-demo                                          # the queue over HTTP: prints the dashboard's address; Ctrl-C stops it
+STEPS
+}
+if [ "${1:-}" = --next-steps ]; then
+  next_steps "${2:?usage: scripts/demo.sh --next-steps DSN}"
+  exit 0
+fi
 
 example=${1:-examples/demo.py}
 case "$example" in
@@ -57,22 +78,16 @@ export DATABASE_URL=$dsn
 export PYSPARK_PYTHON="$PWD/.venv/bin/python" # Spark's executors run the same Python
 .venv/bin/python "$example" "${@:2}"
 
-if [ -n "${DEMO_DSN:-}" ]; then
-  url="'<the DEMO_DSN you gave>'" # not echoed: it may hold a password
+if [ "$example" != examples/demo.py ]; then
+  # serve-demo ends with Ctrl-C, spark-demo by itself: a line, not the whole banner again
+  echo "Demo database: $shown"
+elif [ -n "${DEMO_DSN:-}" ]; then
+  printf '\nDemo database: %s\n' "$shown"
+  next_steps "'<the DEMO_DSN you gave>'" # not echoed: it may hold a password
 else
-  url=$dsn
+  printf '\nDemo database: %s\n' "$shown"
+  next_steps "$dsn"
 fi
-cat <<STEPS
-
-Demo database: $shown
-Next steps, from this directory (then every snippet of README.md runs as shown):
-  export DATABASE_URL=$url
-  source .venv/bin/activate                               # python with pgdq, and the pgdq command
-  psql "\$DATABASE_URL" -c 'SELECT * FROM dq_stats()'     # the SQL API
-  python -c 'import os; from pgdq import Queue; print(Queue("orders", os.environ["DATABASE_URL"]).offer("hello", {"hi": 1}).value)'
-  (cd examples && pgdq worker --queue orders --handler tasks:log_delivery)   # logs each delivery; Ctrl-C stops it
-  make serve-demo                                          # the queue over HTTP: prints the dashboard's address
-STEPS
 if [ -z "${DEMO_DSN:-}" ]; then
   echo "The demo cluster keeps running; stop it with: scripts/pgcluster.sh stop demo (or make cluster-stop)"
 fi

@@ -106,7 +106,15 @@ start() {
 
 case "$cmd" in
   start) start ;;
-  stop) running && as_owner "$bindir/pg_ctl" -D "$data" -m fast -w stop >/dev/null || true ;;
+  stop)
+    if running; then
+      as_owner "$bindir/pg_ctl" -D "$data" -m fast -w stop >/dev/null \
+        || { echo "pgcluster: could not stop cluster $name; see $base/server.log" >&2; exit 1; }
+      echo "stopped cluster $name (port $port, $base)"
+    else
+      echo "cluster $name was not running: nothing to stop"
+    fi
+    ;;
   restart) start; as_owner "$bindir/pg_ctl" -D "$data" -m fast -w restart -l "$base/server.log" >/dev/null ;;
   crash-restart) as_owner "$bindir/pg_ctl" -D "$data" -m immediate -w restart -l "$base/server.log" >/dev/null ;;
   status) running && echo "running on port $port ($data)" || { echo "stopped"; exit 3; } ;;

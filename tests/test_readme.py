@@ -92,6 +92,8 @@ def readme_blocks(path: Path) -> list[Block]:
 
 
 BLOCKS = [block for path in READMES for block in readme_blocks(path)]
+# the first SQL block: the walk-through `make demo`'s next steps lead to, whose output is checked
+WALKTHROUGH = next(b for b in BLOCKS if b.path == "README.md" and b.language == "sql" and b.skip_reason is None)
 
 
 def runnable(language: str) -> list[Block]:
@@ -144,14 +146,88 @@ def run(args: list[str], env: dict[str, str], what: object, stdin: str | None = 
     return str(done.stdout)
 
 
+@pytest.fixture(scope="module")
+def after_make_demo(demo_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """The environment of demo_env on another fresh database as `make demo`
+    leaves it: examples/demo.py run there, then the next steps it prints
+    (scripts/demo.sh --next-steps) but the export and source lines (set up
+    here) and those that run until Ctrl-C."""
+    name = f"{DB}_readme_demo"
+    recreate_database(name)
+    env = {**demo_env, "DATABASE_URL": conninfo(name)}
+    run([sys.executable, "examples/demo.py"], env, "examples/demo.py")
+    steps = run(["bash", "scripts/demo.sh", "--next-steps", env["DATABASE_URL"]], env, "scripts/demo.sh --next-steps")
+    commands = [line.strip() for line in steps.splitlines() if line.startswith("  ")]
+    assert commands, f"scripts/demo.sh --next-steps printed no steps:\n{steps}"
+    for command in commands:
+        if not re.match(r"(export|source) ", command) and "Ctrl-C" not in command:
+            run(["bash", "-e", "-o", "pipefail", "-c", command], env, f"the next step {command!r}")
+    yield env
+    with psycopg.connect(conninfo("postgres"), autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def a_reader_later(env: dict[str, str], minutes: int) -> dict[str, str]:
+    """env with the database clock (dq.now) `minutes` ahead: a reader who paused."""
+    with psycopg.connect(env["DATABASE_URL"]) as conn:
+        row = conn.execute("SELECT (clock_timestamp() + make_interval(mins => %s))::text", (minutes,)).fetchone()
+    assert row is not None
+    return {**env, "PGOPTIONS": f"-c dq.now={row[0].replace(' ', 'T')}"}
+
+
+def test_walkthrough_prints_what_it_documents_after_make_demo(after_make_demo: dict[str, str], tmp_path: Path) -> None:
+    """The walk-through where `make demo` and its next steps left their
+    messages, the Python run five minutes after the SQL (a reader's pace)."""
+    run_sql(WALKTHROUGH, after_make_demo)
+    run_python(a_reader_later(after_make_demo, 5), tmp_path)
+
+
 # -- the blocks ---------------------------------------------------------------------------
+
+
+def run_sql(block: Block, env: dict[str, str]) -> None:
+    """Run a SQL block with psql; for the walk-through, check what it documents."""
+    psql = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", env["DATABASE_URL"]]
+    if block is not WALKTHROUGH:
+        run(psql, env, block, block.code)
+        return
+    marked, documented = walkthrough_script(block)
+    output = run([*psql, "-t", "-A"], env, block, marked)
+    printed = {int(m[1]): m[2].strip() for m in re.finditer(r"^@@ (\d+)\n(.*?)(?=^@@ |\Z)", output, re.M | re.S)}
+    for line, (statement, expected) in documented.items():
+        got = printed.get(statement, "").split()
+        assert got[:1] == [expected], (
+            f"README.md:{block.line + line}: documents {expected!r} for line {block.line + statement}, "
+            f"which printed {printed.get(statement)!r}"
+        )
+
+
+def walkthrough_script(block: Block) -> tuple[str, dict[int, tuple[int, str]]]:
+    """The block with a marker echoed before each statement (numbered by its
+    line in the block), and what the block documents: for a `--  value`
+    line right below a statement, the statement's line and the value (the
+    first word of what it prints)."""
+    marked: list[str] = []
+    documented: dict[int, tuple[int, str]] = {}
+    statement = -1
+    for number, line in enumerate(block.code.splitlines()):
+        if result := re.match(r"--  (\S+)", line):
+            if statement >= 0:
+                documented[number] = (statement, result[1])
+            continue
+        statement = -1
+        if line.strip() and not line.startswith("--"):
+            statement = number
+            marked.append(f"\\echo '@@ {number}'")
+        marked.append(line)
+    return "\n".join(marked) + "\n", documented
 
 
 def test_sql_blocks(demo_env: dict[str, str]) -> None:
     blocks = runnable("sql")
     assert blocks, "the README has SQL to run"
     for block in blocks:
-        run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", demo_env["DATABASE_URL"]], demo_env, block, block.code)
+        run_sql(block, demo_env)
 
 
 # Runs the READMEs' Python blocks in one namespace, each compiled at its line
@@ -165,12 +241,27 @@ for path, line, code in json.load(open(sys.argv[1])):
 """
 
 
-def test_python_blocks(demo_env: dict[str, str], tmp_path: Path) -> None:
+def run_python(env: dict[str, str], tmp_path: Path) -> None:
+    """Run the READMEs' Python blocks in one interpreter; check what the
+    walk-through documents it prints (`print("handling", …)  # key payload`)."""
     blocks = runnable("python")
     assert blocks, "the README has Python to run"
     script = tmp_path / "blocks.json"
     script.write_text(json.dumps([[b.path, b.line, b.code] for b in blocks]))
-    run([sys.executable, "-c", PYTHON_DRIVER, str(script)], demo_env, "the READMEs' python blocks")
+    output = run([sys.executable, "-c", PYTHON_DRIVER, str(script)], env, "the READMEs' python blocks")
+    documented = [
+        f"{m[1]} {m[2]}"
+        for b in blocks
+        if b.path == "README.md"
+        for m in re.finditer(r'^\s*print\("([^"]+)", .*\)\s+#\s*(.*?)\s*$', b.code, re.M)
+    ]
+    assert documented, "the walk-through documents what its Python prints"
+    for expected in documented:
+        assert expected in output.splitlines(), f"the README documents {expected!r}; the blocks printed:\n{output}"
+
+
+def test_python_blocks(demo_env: dict[str, str], tmp_path: Path) -> None:
+    run_python(demo_env, tmp_path)
 
 
 def test_shell_blocks(demo_env: dict[str, str]) -> None:
@@ -207,6 +298,7 @@ def test_blocks_that_run_until_stopped(block: Block, demo_env: dict[str, str], t
         os.killpg(process.pid, signal.SIGTERM)
         output, _ = process.communicate(timeout=60)
         assert process.returncode == 0, f"{block}: exit {process.returncode} after SIGTERM:\n{output}"
+        assert output.strip(), f"{block} printed nothing: a reader would not see what it does"
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
@@ -234,9 +326,21 @@ def layout_section() -> str:
     return text.split("## Layout", 1)[1].split("\n## ", 1)[0]
 
 
+def layout_paths(cell: str) -> list[str]:
+    """The paths a layout cell names; a bare name in parentheses after a
+    directory (`python/pgdq/cli/` (`_base.py`, …)) is in that directory."""
+    paths: list[str] = []
+    for directory, inside, path in re.findall(r"`([^`\s]+/)` \(([^)]*)\)|`([^`\s]+)`", cell):
+        if directory:
+            paths += [directory, *(directory + name for name in re.findall(r"`([^`\s]+)`", inside))]
+        else:
+            paths.append(path)
+    return paths
+
+
 def test_layout_names_real_files_and_every_module() -> None:
     table = [line for line in layout_section().splitlines() if line.startswith("| `")]
-    paths = [p for line in table for p in re.findall(r"`([^`\s]+)`", line.split(" | ")[0])]
+    paths = [p for line in table for p in layout_paths(line.split(" | ")[0])]
     missing = [p for p in paths if not list(ROOT.glob(p.rstrip("/")))]
     assert not missing, f"the README's layout names paths that do not exist: {missing}"
     named = set(paths)
