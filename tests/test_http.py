@@ -146,7 +146,8 @@ def test_long_poll_ends_empty_after_wait(api: httpx.Client, queue_name: str) -> 
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A tokens file with a producer of one queue and an admin; the secrets."""
     path = tmp_path_factory.mktemp("tokens") / "tokens.json"
-    made = make_tokens(path, {"shop": (["produce"], ["orders"]), "ops": (["admin"], [])})
+    wanted = {"shop": (["produce"], ["orders"]), "ops": (["admin"], []), "picker": (["consume"], ["picking"])}
+    made = make_tokens(path, wanted)
     assert made["shop"] not in path.read_text()  # only digests are kept
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     return {"path": path, **made}
@@ -182,6 +183,40 @@ def test_tokens_scopes_and_queues(guarded: Server, tokens: dict[str, Any], datab
         assert every.status_code == 200, every.text
     with psycopg.connect(database, autocommit=True) as c:
         c.execute("SELECT dq_purge('orders')")
+
+
+def test_a_consume_token_cannot_ack_nack_or_extend_another_queues_lease(
+    guarded: Server, tokens: dict[str, Any], database: str
+) -> None:
+    """Security finding 4: a token for queue picking, given a lock token leased
+    from queue billing, gets the stale answer (409, as for an unknown token)
+    and billing's message stays leased as it was."""
+    headers = {"authorization": f"Bearer {tokens['picker']}"}
+    with Queue("billing", database) as billing, Queue("picking", database) as picking:
+        billing.purge()
+        picking.purge()
+        billing.offer("invoice", {"n": 1})
+        leased = billing.poll(lease=600)
+        assert leased is not None
+        picking.offer("pick", {"n": 2})
+        own = picking.poll(lease=600)
+        assert own is not None
+        token = str(leased.lock_token)
+        with httpx.Client(base_url=guarded.url, headers=headers) as client:
+            base = "/v1/queues/picking"
+            answers = [
+                client.post(base + "/ack", json={"lock_tokens": [token]}),
+                client.post(base + "/nack", json={"lock_token": token, "retry_in": 0, "error": "x"}),
+                client.post(base + "/extend", json={"lock_token": token, "lease": 1}),
+            ]
+            assert [r.status_code for r in answers] == [409, 409, 409], [r.text for r in answers]
+            assert all("stale" in r.json()["error"] for r in answers)
+            mixed = client.post(base + "/ack", json={"lock_tokens": [token, str(own.lock_token)]})
+            assert mixed.status_code == 409 and "stale lock tokens: 1; 1 acked" in mixed.json()["error"]
+        info = billing.get("invoice")
+        assert info is not None and info.leased and info.attempts == 1 and info.due_at == leased.lease_until
+        assert info.state is None and picking.get("pick") is None
+        assert billing.ack(leased.lock_token), "the token is still billing's current one"
 
 
 def test_serve_refuses_other_hosts_without_tokens(database: str) -> None:

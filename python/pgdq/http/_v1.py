@@ -143,10 +143,10 @@ def _wire(model: type[W], found: Any) -> W:
 
 @router.post("/queues/{queue}/ack", response_model=AckOut, tags=["consume"])
 async def ack(request: Request, queue: QueueName, body: AckIn) -> AckOut:
-    """Ack leased messages by lock token (dq_ack_many); 409 if any token was stale
-    (the current ones are acked all the same)."""
+    """Ack leased messages of queue by lock token (dq_ack_many); 409 if any token
+    was stale or another queue's (the current ones are acked all the same)."""
     authorize(request, "consume", queue)
-    acked = await _client(request).ack_many(body.lock_tokens)
+    acked = await _queue(request, queue).ack_many(body.lock_tokens)
     if acked < len(set(body.lock_tokens)):
         raise ApiError(409, f"{len(set(body.lock_tokens)) - acked} of the lock tokens were stale; {acked} acked")
     return AckOut(acked=acked)
@@ -154,11 +154,12 @@ async def ack(request: Request, queue: QueueName, body: AckIn) -> AckOut:
 
 @router.post("/queues/{queue}/nack", response_model=Done, tags=["consume"])
 async def nack(request: Request, queue: QueueName, body: NackIn) -> Done:
-    """Give a leased message back (dq_nack), due at retry_at, in retry_in seconds or now; 409 if stale."""
+    """Give a leased message of queue back (dq_nack), due at retry_at, in retry_in
+    seconds or now; 409 if stale or another queue's."""
     authorize(request, "consume", queue)
     if body.retry_at is not None and body.retry_in is not None:
         raise ApiError(400, "give retry_at or retry_in, not both")
-    if not await _client(request).nack(
+    if not await _queue(request, queue).nack(
         body.lock_token, _at(body.retry_at, body.retry_in), body.state, error=body.error
     ):
         raise ApiError(409, "the lock token is stale")
@@ -167,9 +168,10 @@ async def nack(request: Request, queue: QueueName, body: NackIn) -> Done:
 
 @router.post("/queues/{queue}/extend", response_model=ExtendOut, tags=["consume"])
 async def extend(request: Request, queue: QueueName, body: ExtendIn) -> ExtendOut:
-    """Lease for lease more seconds from now (dq_extend); 409 if stale."""
+    """Lease a message of queue for lease more seconds from now (dq_extend); 409
+    if stale or another queue's."""
     authorize(request, "consume", queue)
-    until = await _client(request).extend(body.lock_token, body.lease)
+    until = await _queue(request, queue).extend(body.lock_token, body.lease)
     if until is None:
         raise ApiError(409, "the lock token is stale")
     return ExtendOut(lease_until=until)
