@@ -99,6 +99,19 @@ def test_malformed_json_and_large_bodies(api: httpx.Client, queue_name: str) -> 
     assert r.status_code == 413 and "over 1048576 bytes" in r.json()["error"]
 
 
+def test_a_body_that_is_not_json_says_why_and_where(api: httpx.Client, queue_name: str, q: Queue) -> None:
+    url = f"/v1/queues/{queue_name}/messages"
+    r = api.post(url, content=b'{"key": "k",\n "payload": }', headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"] == (
+        "the body is not valid JSON: Expecting value at line 2 column 13"
+    ), r.text
+    for headers in ({"content-type": "application/x-www-form-urlencoded"}, {}):
+        r = api.post(url, content=b"key=k&payload=1", headers=headers)
+        assert r.status_code == 400 and "`content-type: application/json`" in r.json()["error"], r.text
+    assert "had content-type: application/x-www-form-urlencoded" in api.post(url, data={"key": "k"}).json()["error"]
+    assert q.stats().ready == 0
+
+
 def test_long_poll_wakes_on_an_offer_and_holds_no_connection(
     api: httpx.Client, queue_name: str, q: Queue, database: str
 ) -> None:

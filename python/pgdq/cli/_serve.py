@@ -44,8 +44,8 @@ def serve(
     pool_size: int,
     log_level: str,
 ) -> None:
-    """Serve the queue over HTTP (JSON API under /v1, OpenAPI at /docs) until SIGINT / SIGTERM.
-    Without --tokens it listens on loopback only."""
+    """Serve the queues over HTTP until SIGINT / SIGTERM: the dashboard at /, the JSON API under /v1
+    (OpenAPI at /docs), Prometheus metrics at /metrics. Without --tokens it listens on loopback only."""
     import uvicorn
 
     from ..http import Settings, create_app, load_tokens

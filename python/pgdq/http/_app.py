@@ -46,13 +46,32 @@ class Settings:
     pool_size: int = 10
 
 
-def _validation_message(error: RequestValidationError) -> str:
-    """The first validation problems in one line: where, and what."""
+def _validation_message(error: RequestValidationError, content_type: str | None = None) -> str:
+    """The first validation problems in one line: where, and what; a body
+    that is not JSON says why and where, one not sent as JSON which
+    content-type to send."""
+    body = getattr(error, "body", None)
+    media = (content_type or "").split(";")[0].strip().lower()
+    if body and isinstance(body, bytes) and media != "application/json" and not media.endswith("+json"):
+        sent = f"content-type: {media}" if media else "no content-type"
+        return f"the body must be JSON, sent with `content-type: application/json` (this request had {sent})"
     parts = []
     for e in error.errors()[:5]:
+        if e.get("type") == "json_invalid":
+            return _json_error(str(body or ""), e)
         where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
         parts.append(f"{where}: {e.get('msg', 'invalid')}")
     return "; ".join(parts)
+
+
+def _json_error(body: str, error: Any) -> str:
+    """A body that is not valid JSON: the decoder's reason and where (line and column, from 1)."""
+    loc = error.get("loc", ())
+    at = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else len(body)
+    line = body.count("\n", 0, at) + 1
+    column = at - (body.rfind("\n", 0, at) + 1) + 1
+    reason = (error.get("ctx") or {}).get("error", "JSON decode error")
+    return f"the body is not valid JSON: {reason} at line {line} column {column}"
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -69,7 +88,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, e: RequestValidationError) -> JSONResponse:
-        return error_response(request.url.path, 400, _validation_message(e))
+        return error_response(request.url.path, 400, _validation_message(e, request.headers.get("content-type")))
 
     @app.exception_handler(InvalidArgument)
     async def invalid_argument(request: Request, e: InvalidArgument) -> JSONResponse:

@@ -148,7 +148,7 @@ async def ack(request: Request, queue: QueueName, body: AckIn) -> AckOut:
     authorize(request, "consume", queue)
     acked = await _queue(request, queue).ack_many(body.lock_tokens)
     if acked < len(set(body.lock_tokens)):
-        raise ApiError(409, f"{len(set(body.lock_tokens)) - acked} of the lock tokens were stale; {acked} acked")
+        raise ApiError(409, f"stale lock tokens: {len(set(body.lock_tokens)) - acked}; {acked} acked")
     return AckOut(acked=acked)
 
 
