@@ -125,6 +125,7 @@ def test_pop_ends_empty_after_its_timeout(api: httpx.Client, queue_name: str) ->
         ("/push", {"topic": "t", "id": "k", "TTR": 60}, "TTR: Extra inputs are not permitted"),
         ("/push", {"topic": "t" * 101, "id": "k"}, "topic: String should have at most 100 characters"),
         ("/push", {"topic": "t", "id": "k\u0000"}, "0x00"),
+        ("/push", {"topic": "t,u", "id": "k"}, "topic: Value error, a topic of these routes holds no comma"),
         ("/pop", {}, "topic: Field required"),
         ("/pop", {"topic": "t,,u"}, "topic: Value error, each topic, separated by commas, must have 1 to 100"),
         ("/pop", {"topic": ",".join("t" * 21)}, "topic: Value error, at most 20 topics"),

@@ -2,10 +2,16 @@
 delete jobs by id, each answered {"success", "error", "id", "value"}.
 
 A job is a pgdq message: topic = queue, id = key, its payload the envelope
-{"body": body, "ttr": TTR}, so that a pop leases it for its own TTR. Ids are
-unique across topics, as that protocol requires: an add whose id another
-topic holds is refused, and finish and delete find the id's topic
-(dq_key_queues) unless the request names it.
+{"body": body, "ttr": TTR}, so that a pop leases it for its own TTR (1 s to
+a day; a bad envelope: DEFAULT_TTR). Ids are unique across topics, as that
+protocol requires: an add whose id another topic holds is refused, and
+finish and delete find the id's topic (dq_key_queues) unless the request
+names it, among the topics the caller's token may act on only, after 401
+and 403: no answer tells whether an id exists in a topic the caller may not
+touch, or names such a topic.
+
+add_job, pop_jobs and remove_job are the protocol's logic, shared with its
+delay-queue dialect (_delay_queue.py).
 """
 
 from __future__ import annotations

@@ -37,10 +37,17 @@ def _topic_list(value: str) -> str:
     return value
 
 
+def _one_topic(value: str) -> str:
+    """value if it holds no comma (a pop could not name it)."""
+    if "," in value:
+        raise ValueError("a topic of these routes holds no comma (a pop separates topics with commas)")
+    return value
+
+
 class Push(Body):
     """Add a job (or replace the job of that id in its topic), due in delay seconds."""
 
-    topic: Topic
+    topic: Annotated[Topic, AfterValidator(_one_topic)]
     id: Key
     delay: Seconds = 0
     ttr: TtrSeconds = DEFAULT_TTR
