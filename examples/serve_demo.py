@@ -71,7 +71,10 @@ def main() -> int:
     seed(dsn)
     stop = threading.Event()
     threading.Thread(target=keep_busy, args=(dsn, stop), daemon=True).start()
-    print(f"\nDashboard: http://127.0.0.1:{port}/   API: http://127.0.0.1:{port}/docs   (Ctrl-C stops)\n", flush=True)
+    print(
+        f"\nDashboard: http://127.0.0.1:{port}/   API: http://127.0.0.1:{port}/openapi.json   (Ctrl-C stops)\n",
+        flush=True,
+    )
     try:
         uvicorn.run(create_app(Settings(dsn=dsn)), host="127.0.0.1", port=port, log_level="warning")
     finally:

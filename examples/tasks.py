@@ -1,6 +1,7 @@
 """An example handler module for `pgdq worker` (the worker image runs it).
 
-    pgdq worker --queue demo --handler tasks:log_delivery    # from examples/
+    pgdq worker --queue demo --handler tasks:log_delivery             # from examples/
+    pgdq worker --queue demo --handler examples/tasks.py:log_delivery # from the checkout
 
 Offer something for it to log:
 

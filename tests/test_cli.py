@@ -485,6 +485,8 @@ def test_without_a_dsn_it_says_which_server_it_tried() -> None:
     error = one_line_error(result, 3 if "not installed" in result.output else 1)
     assert f"(no DSN given, so libpq's defaults: database {getpass.getuser()} on " in error, error
     assert "set --dsn, PGDQ_DSN or DATABASE_URL)" in error
+    version = CliRunner().invoke(main, ["version"], env=unset)
+    assert version.exit_code in (1, 3) and "(no DSN given, so libpq's defaults: database " in version.output
 
 
 def commands_with_a_dsn(group: click.Group, path: str = "pgdq") -> Iterator[tuple[str, click.Command]]:

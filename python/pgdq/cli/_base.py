@@ -93,10 +93,14 @@ def _require_pgdq(conn: psycopg.Connection[Any], schema: str, dsn: str | None) -
     """Exit 3 unless pgdq is installed in schema; without a DSN, the message
     names the database and server libpq's defaults led to."""
     if installed_version(conn, schema) is None:
-        note = ""
-        if _no_dsn_given(dsn):
-            note = _defaults_note(f"database {conn.info.dbname} on {conn.info.host} port {conn.info.port}")
-        raise NotInstalled(f"pgdq is not installed in schema {schema}{note}")
+        raise NotInstalled(f"pgdq is not installed in schema {schema}{_reached_note(conn, dsn)}")
+
+
+def _reached_note(conn: psycopg.Connection[Any], dsn: str | None) -> str:
+    """Without a DSN, the database and server conn reached (see _defaults_note); else nothing."""
+    if not _no_dsn_given(dsn):
+        return ""
+    return _defaults_note(f"database {conn.info.dbname} on {conn.info.host} port {conn.info.port}")
 
 
 def _valid_schema(ctx: click.Context, param: click.Parameter, schema: str) -> str:

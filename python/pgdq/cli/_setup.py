@@ -23,6 +23,7 @@ from ._base import (
     _connect,
     _emit,
     _iso_time,
+    _reached_note,
     _reason,
     _require_pgdq,
     _server_warnings_shown,
@@ -107,10 +108,11 @@ def version(dsn: str | None, schema: str, as_json: bool) -> None:
     """Print the client version and the version installed in the database (exit 3 if none)."""
     with _connect(dsn) as conn:
         installed = installed_version(conn, schema)
+        note = "" if installed else _reached_note(conn, dsn)
     _emit(
         {"client": __version__, "database": installed, "schema": schema},
         as_json,
-        lambda: click.echo(f"client {__version__}; database {installed or 'not installed'} (schema {schema})"),
+        lambda: click.echo(f"client {__version__}; database {installed or 'not installed'} (schema {schema}){note}"),
     )
     if installed is None:
         sys.exit(3)
