@@ -3,7 +3,10 @@ against a real `pgdq serve`; every number it shows is checked against SQL."""
 
 from __future__ import annotations
 
+import functools
+import http.server
 import shutil
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,6 +15,7 @@ import httpx
 import pytest
 from http_server import Server, make_tokens, serve
 from pgdq import Message, Queue
+from test_http_guard import dead_keys
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(
@@ -40,6 +44,13 @@ def _fill(q: Queue) -> None:
             d.nack()  # back to ready
 
 
+def _csp_refusals(page: sync_api.Page) -> list[str]:
+    """What the page's Content-Security-Policy refuses, as Chromium reports it (filled as the page runs)."""
+    refused: list[str] = []
+    page.on("console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None)
+    return refused
+
+
 def _shown(page: sync_api.Page, field: str) -> int:
     return int(page.locator(f'[data-field="{field}"] b').inner_text().rstrip("+"))
 
@@ -49,6 +60,7 @@ def test_overview_and_queue_page_match_sql(
 ) -> None:
     _fill(q)
     page = browser.new_page()
+    refused = _csp_refusals(page)
     page.goto(server.url + "/")
     row = page.locator(f'tr[data-queue="{queue_name}"]')
     row.wait_for()
@@ -57,7 +69,7 @@ def test_overview_and_queue_page_match_sql(
     assert cells == {"ready": stats.ready, "delayed": stats.delayed, "leased": stats.leased, "dead": 1}
     q.offer("new", 1)  # the overview refreshes itself
     ready = f'tr[data-queue="{queue_name}"] [data-field="ready"]'
-    page.wait_for_function(f"document.querySelector('{ready}').innerText == '{stats.ready + 1}'", timeout=10_000)
+    sync_api.expect(page.locator(ready)).to_have_text(str(stats.ready + 1), timeout=10_000)  # no eval: CSP
 
     row.locator("a").click()
     page.locator("#due-chart").wait_for()
@@ -69,6 +81,7 @@ def test_overview_and_queue_page_match_sql(
     drawn = page.evaluate("() => document.getElementById('due-chart').chart.data.datasets[0].data")
     assert drawn == [h.due for h in q.due_hours(24)] and sum(drawn) == 3
     assert "boom: 502" in page.locator('tr[data-key="dead"]').inner_text()
+    assert refused == [], "the pages need nothing their policy refuses (no inline script or style)"
     page.close()
 
 
@@ -107,6 +120,11 @@ def test_tokens_login_and_scopes(browser: sync_api.Browser, database: str, q: Qu
         page.locator("#message").wait_for()
         assert "403" in page.locator("#message").inner_text() and "admin" in page.locator("#message").inner_text()
         assert [d.key for d in q.dead_letters()] == ["dead"], "a consume token redrives nothing"
+        page.click("#logout")
+        page.wait_for_url(s.url + "/login")
+        assert [c["name"] for c in page.context.cookies()] == [], "signed out: the cookie is gone"
+        page.goto(f"{s.url}/queues/{q.name}")
+        assert page.url.endswith("/login")
         page.close()
         assert httpx.get(f"{s.url}/dashboard/queues/{q.name}").status_code == 401
     finally:
@@ -117,3 +135,64 @@ def test_bad_input_is_4xx(server: Server, q: Queue) -> None:
     r = httpx.post(f"{server.url}/dashboard/queues/{q.name}/dead-letters/redrive", params={"key": ""})
     assert r.status_code == 400 and "key" in r.json()["error"]
     assert httpx.get(f"{server.url}/queues/{'x' * 101}").status_code == 400
+
+
+@pytest.fixture(scope="module")
+def other_origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A plain http.server on another port of 127.0.0.1 (another origin, the same site): its URL and folder."""
+    root = tmp_path_factory.mktemp("other_origin")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_port}", root
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _submit_from(page: sync_api.Page, other_origin: tuple[str, Path], action: str) -> int:
+    """Open a page of the other origin whose form POSTs itself to action; the status of that POST."""
+    url, root = other_origin
+    (root / "attack.html").write_text(
+        f'<form method="post" action="{action}"><input name="all" value="true"></form>'
+        "<script>document.forms[0].submit()</script>"
+    )
+    with page.expect_response(lambda r: r.request.method == "POST") as answer:
+        page.goto(url + "/attack.html")
+    return answer.value.status
+
+
+def test_another_origin_cannot_purge(
+    browser: sync_api.Browser, server: Server, q: Queue, database: str, other_origin: tuple[str, Path]
+) -> None:
+    _fill(q)
+    page = browser.new_page()
+    status = _submit_from(page, other_origin, f"{server.url}/dashboard/queues/{q.name}/dead-letters/purge?all=true")
+    assert status == 403 and "another site or origin" in page.content()
+    assert dead_keys(database, q.name) == ["dead"], "nothing purged"
+    page.close()
+
+
+def test_another_origin_cannot_use_the_cookie(
+    browser: sync_api.Browser, database: str, q: Queue, tmp_path: Path, other_origin: tuple[str, Path]
+) -> None:
+    _fill(q)
+    secrets = make_tokens(tmp_path / "tokens.json", {"admin": (["admin"], [])})
+    s = serve(database, "--tokens", str(tmp_path / "tokens.json"))
+    try:
+        page = browser.new_page()
+        page.goto(s.url + "/login")
+        page.fill('input[name="token"]', secrets["admin"])
+        page.click('button[type="submit"]')
+        page.locator(f'tr[data-queue="{q.name}"]').wait_for()
+        purge = f"{s.url}/dashboard/queues/{q.name}/dead-letters/purge?all=true"
+        assert _submit_from(page, other_origin, purge) == 403, "SameSite=Strict sent the cookie (same site), refused"
+        assert _submit_from(page, other_origin, f"{s.url}/logout") == 403, "nor signed out from elsewhere"
+        assert dead_keys(database, q.name) == ["dead"], "nothing purged"
+        page.goto(f"{s.url}/queues/{q.name}")
+        page.on("dialog", lambda d: d.accept())
+        page.locator("button", has_text="Purge all").click()  # the page's own button still works
+        page.locator('tr[data-key="dead"]').wait_for(state="detached", timeout=10_000)
+        assert dead_keys(database, q.name) == []
+        page.close()
+    finally:
+        s.stop()

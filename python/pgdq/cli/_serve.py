@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import click
@@ -23,6 +25,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+# --allowed-host: a DNS name or IPv4 address, or an IPv6 address in brackets; then :port if any
+ALLOWED_HOST = re.compile(r"([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
+
+
 @click.command()
 @dsn_option
 @schema_option
@@ -34,6 +40,13 @@ def is_loopback(host: str) -> bool:
 @click.option(
     "--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"])
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    help="a Host name (or name:port) browsers may use besides the served address, e.g. behind a proxy; repeat",
+)
+@click.option("--docs", is_flag=True, help="serve Swagger UI at /docs (it loads from a CDN)")
 def serve(
     dsn: str | None,
     schema: str,
@@ -43,9 +56,11 @@ def serve(
     max_body: int,
     pool_size: int,
     log_level: str,
+    allowed_hosts: tuple[str, ...],
+    docs: bool,
 ) -> None:
     """Serve the queues over HTTP until SIGINT / SIGTERM: the dashboard at /, the JSON API under /v1
-    (OpenAPI at /docs), Prometheus metrics at /metrics. Without --tokens it listens on loopback only."""
+    (OpenAPI at /openapi.json), Prometheus metrics at /metrics. Without --tokens it listens on loopback only."""
     import uvicorn
 
     from ..http import Settings, create_app, load_tokens
@@ -56,6 +71,9 @@ def serve(
         tokens = load_tokens(tokens_file) if tokens_file is not None else None
     except ValueError as e:
         raise BadInput(str(e)) from e
+    for name in allowed_hosts:
+        if not ALLOWED_HOST.fullmatch(name):
+            raise BadInput(f"--allowed-host {name!r} must be a host name or address, optionally with :port")
     _check_worker_database(dsn, schema)
     _configure_logging(log_level, False)
     settings = Settings(
@@ -64,8 +82,28 @@ def serve(
         tokens=tokens,
         max_body=max_body,
         pool_size=pool_size,
+        allowed_hosts=allowed_hosts,
+        docs=docs,
     )
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level.lower())
+
+
+SPANS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def expiry(text: str) -> datetime:
+    """--expires as a time: N followed by m/h/d/w from now, or an ISO 8601 time; BadInput if not in the future."""
+    from ..http._auth import parse_expiry
+
+    now = datetime.now(UTC)
+    span = re.fullmatch(r"([0-9]{1,6})([mhdw])", text.strip())
+    try:
+        when = now + timedelta(**{SPANS[span[2]]: int(span[1])}) if span else parse_expiry(text, "--expires")
+    except ValueError as e:
+        raise BadInput(f"{e} (or a span such as 30d)") from e
+    if when is None or when <= now:
+        raise BadInput(f"--expires {text!r} is not in the future")
+    return when
 
 
 @click.group()
@@ -78,7 +116,10 @@ def token() -> None:
 @click.option("--name", required=True, help="whose token (shown in 403 answers and logs)")
 @click.option("--scope", "scopes", multiple=True, required=True, type=click.Choice(["produce", "consume", "admin"]))
 @click.option("--queue", "queues", multiple=True, help="a queue it may touch; repeat; default every queue")
-def token_new(tokens_file: str, name: str, scopes: tuple[str, ...], queues: tuple[str, ...]) -> None:
+@click.option("--expires", help="when it stops working: a span from now (90m, 12h, 30d, 8w) or an ISO 8601 time")
+def token_new(
+    tokens_file: str, name: str, scopes: tuple[str, ...], queues: tuple[str, ...], expires: str | None
+) -> None:
     """Add a token to TOKENS_FILE (which keeps only its SHA-256) and print it, once."""
     from ..http import new_token
 
@@ -86,7 +127,7 @@ def token_new(tokens_file: str, name: str, scopes: tuple[str, ...], queues: tupl
     data = json.loads(path.read_text()) if path.exists() else {"tokens": []}
     if any(t.get("name") == name for t in data["tokens"]):
         raise BadInput(f"{tokens_file} already has a token named {name!r}")
-    secret, entry = new_token(name, list(scopes), list(queues))
+    secret, entry = new_token(name, list(scopes), list(queues), expiry(expires) if expires else None)
     data["tokens"].append(entry)
     path.touch(mode=0o600)
     path.write_text(json.dumps(data, indent=2) + "\n")

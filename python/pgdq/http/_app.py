@@ -26,6 +26,8 @@ from ._classic import router as classic_router
 from ._dashboard import HERE
 from ._dashboard import router as dashboard_router
 from ._delay_queue import router as delay_queue_router
+from ._docs import router as docs_router
+from ._guard import BrowserGuard
 from ._metrics import RequestMetrics
 from ._metrics import router as metrics_router
 from ._v1 import router
@@ -44,6 +46,8 @@ class Settings:
     tokens: list[Token] | None = None
     max_body: int = 1 << 20  # bytes of a request body
     pool_size: int = 10
+    allowed_hosts: tuple[str, ...] = ()  # Host names besides the served address (name or name:port), see _guard
+    docs: bool = False  # Swagger UI at /docs (loaded from a CDN); /openapi.json is always served
 
 
 def _validation_message(error: RequestValidationError, content_type: str | None = None) -> str:
@@ -173,6 +177,8 @@ def create_app(settings: Settings) -> FastAPI:
         version=VERSION,
         lifespan=lifespan,
         description="A delayed-message queue inside PostgreSQL, over HTTP.",
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     _install_error_handlers(app)
@@ -181,9 +187,14 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(classic_router)
     app.include_router(delay_queue_router)
     app.include_router(dashboard_router)
+    if settings.docs:
+        app.include_router(docs_router)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.include_router(metrics_router)
     app.state.request_metrics = RequestMetrics()
     app.add_middleware(app.state.request_metrics.middleware)
     app.add_middleware(BodyLimit, max_body=settings.max_body)
+    # outermost: without tokens every Host is checked (DNS rebinding); with them, only if hosts are named
+    check_host = settings.tokens is None or bool(settings.allowed_hosts)
+    app.add_middleware(BrowserGuard, check_host=check_host, allowed_hosts=settings.allowed_hosts)
     return app

@@ -9,6 +9,7 @@ import hmac
 import json
 import secrets
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 SCOPES = frozenset({"produce", "consume", "admin"})
@@ -16,12 +17,17 @@ SCOPES = frozenset({"produce", "consume", "admin"})
 
 @dataclass(frozen=True)
 class Token:
-    """One entry of the tokens file. queues: names, or "*" for every queue."""
+    """One entry of the tokens file. queues: names, or "*" for every queue; expires: None for never."""
 
     name: str
     sha256: str
     scopes: frozenset[str]
     queues: frozenset[str]
+    expires: datetime | None = None
+
+    def expired(self, now: datetime) -> bool:
+        """True if this token's expiry is at or before now."""
+        return self.expires is not None and self.expires <= now
 
     def allows(self, scope: str, queue: str | None) -> bool:
         """True if this token may act in scope on queue (None: no one queue)."""
@@ -39,7 +45,13 @@ def load_tokens(path: str | Path) -> list[Token]:
     try:
         entries = json.loads(Path(path).read_text())["tokens"]
         tokens = [
-            Token(str(e["name"]), str(e["sha256"]).lower(), frozenset(e["scopes"]), frozenset(e["queues"]))
+            Token(
+                str(e["name"]),
+                str(e["sha256"]).lower(),
+                frozenset(e["scopes"]),
+                frozenset(e["queues"]),
+                parse_expiry(e.get("expires"), f"token {e['name']!r} expires"),
+            )
             for e in entries
         ]
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -52,19 +64,37 @@ def load_tokens(path: str | Path) -> list[Token]:
     return tokens
 
 
-def new_token(name: str, scopes: list[str], queues: list[str]) -> tuple[str, dict[str, object]]:
+def new_token(
+    name: str, scopes: list[str], queues: list[str], expires: datetime | None = None
+) -> tuple[str, dict[str, object]]:
     """A new secret and its entry for the tokens file (which never holds the secret)."""
     if not scopes or not set(scopes) <= SCOPES:
         raise ValueError(f"scopes must be some of {sorted(SCOPES)}")
     secret = "pgdq_" + secrets.token_urlsafe(32)
-    return secret, {"name": name, "sha256": _digest(secret), "scopes": sorted(scopes), "queues": queues or ["*"]}
+    entry: dict[str, object] = {"name": name, "sha256": _digest(secret), "scopes": sorted(scopes)}
+    entry["queues"] = queues or ["*"]
+    if expires is not None:
+        entry["expires"] = expires.astimezone(UTC).isoformat(timespec="seconds")
+    return secret, entry
+
+
+def parse_expiry(value: object, what: str) -> datetime | None:
+    """An ISO 8601 time (UTC if it names no offset) or None; ValueError naming what otherwise."""
+    if value is None:
+        return None
+    try:
+        when = datetime.fromisoformat(str(value))
+    except ValueError:
+        raise ValueError(f"{what} must be an ISO 8601 time, not {value!r}") from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def find_token(tokens: list[Token], secret: str) -> Token | None:
-    """The token whose digest matches secret, comparing with each in constant time."""
+    """The unexpired token whose digest matches secret, comparing with each in constant time."""
     presented = _digest(secret)
+    now = datetime.now(UTC)
     found = None
     for t in tokens:
         if hmac.compare_digest(presented, t.sha256):
             found = t
-    return found
+    return found if found is not None and not found.expired(now) else None

@@ -4,7 +4,8 @@ Chart.js. Every number comes from one SQL function per fragment: dq_stats
 and dq_dead_stats for the overview; dq_stats, dq_due_hours, dq_channels,
 dq_schedules and dq_dead_list for a queue. None of these routes is in the
 OpenAPI document; they check tokens like the API (a bearer header, or the
-cookie the login form sets)."""
+cookie the login form sets, which POST /logout clears). What a page on
+another site may not do to them (CSRF, DNS rebinding, frames) is _guard's."""
 
 from __future__ import annotations
 
@@ -14,19 +15,29 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
 from ..model import QueueStats
 from ._access import TOKEN_COOKIE, ApiError, authorize, presented_token
-from ._auth import find_token
+from ._auth import Token, find_token
 from ._v1 import QueueName, _client, _queue
 
 HERE = Path(__file__).parent
-templates = Jinja2Templates(directory=HERE / "templates")
 router = APIRouter(include_in_schema=False)
 LOGIN_BODY_LIMIT = 4096  # bytes of a login form
+COOKIE_HOURS = 12  # how long the login cookie lasts (less if the token expires sooner)
+
+
+def _page_context(request: Request) -> dict[str, Any]:
+    """What base.html needs on every page: whether a cookie signs someone in, and whether /docs is served."""
+    settings = request.app.state.settings
+    signed_in = settings.tokens is not None and bool(request.cookies.get(TOKEN_COOKIE))
+    return {"signed_in": signed_in and presented_token(request) is not None, "docs": settings.docs}
+
+
+templates = Jinja2Templates(directory=HERE / "templates", context_processors=[_page_context])
 
 
 def _needs_login(request: Request) -> bool:
@@ -113,9 +124,13 @@ async def redrive(request: Request, queue: QueueName, key: str | None = None) ->
 
 
 @router.post("/dashboard/queues/{queue}/dead-letters/purge", response_class=HTMLResponse)
-async def purge(request: Request, queue: QueueName, key: str | None = None) -> Response:
-    """Delete the dead letter of key (every one without key); admin scope."""
+async def purge(
+    request: Request, queue: QueueName, key: str | None = None, every: bool = Query(False, alias="all")
+) -> Response:
+    """Delete the dead letter of key, or every one with all=true (400 with neither); admin scope."""
     authorize(request, "admin", queue)
+    if key is None and not every:
+        raise ApiError(400, "purge needs key (one dead letter) or all=true (every one)")
     await _queue(request, queue).purge_dead_letters(key)
     return await queue_summary(request, queue)
 
@@ -136,9 +151,28 @@ async def login(request: Request) -> Response:
     tokens = request.app.state.settings.tokens
     if tokens is None:
         return RedirectResponse("/", status_code=303)
-    if not secret or find_token(tokens, secret) is None:
-        return templates.TemplateResponse(request, "login.html", {"error": "not a valid token"}, status_code=401)
+    token = find_token(tokens, secret) if secret else None
+    if token is None:
+        return templates.TemplateResponse(
+            request, "login.html", {"error": "not a valid token (unknown or expired)"}, status_code=401
+        )
     answer = RedirectResponse("/", status_code=303)
     secure = request.url.scheme == "https"
-    answer.set_cookie(TOKEN_COOKIE, secret, httponly=True, samesite="strict", secure=secure, max_age=12 * 3600)
+    answer.set_cookie(TOKEN_COOKIE, secret, httponly=True, samesite="strict", secure=secure, max_age=_cookie_age(token))
+    return answer
+
+
+def _cookie_age(token: Token) -> int:
+    """Seconds the login cookie lasts: COOKIE_HOURS, or until the token expires if sooner."""
+    age = COOKIE_HOURS * 3600
+    if token.expires is not None:
+        age = min(age, int((token.expires - datetime.now(UTC)).total_seconds()))
+    return max(age, 1)
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    """Clear the login cookie and go to the login form (or the overview without tokens)."""
+    answer = RedirectResponse("/login" if request.app.state.settings.tokens is not None else "/", status_code=303)
+    answer.delete_cookie(TOKEN_COOKIE, httponly=True, samesite="strict", secure=request.url.scheme == "https")
     return answer
