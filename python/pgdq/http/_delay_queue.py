@@ -27,12 +27,17 @@ POP_WAIT = MAX_WAIT  # seconds a pop waits for a job (delay-queue waits 178; sho
 MAX_TOPICS = 20  # topics one pop may name
 
 
+def _topics(value: str) -> list[str]:
+    """The topics a pop names, separated by commas, spaces around each trimmed."""
+    return [name.strip() for name in value.split(",")]
+
+
 def _topic_list(value: str) -> str:
     """value if it is 1 to MAX_TOPICS topic names separated by commas, each 1-100 characters."""
-    names = value.split(",")
+    names = _topics(value)
     if len(names) > MAX_TOPICS:
         raise ValueError(f"at most {MAX_TOPICS} topics, separated by commas")
-    if any(not 1 <= len(n.strip()) <= 100 for n in names):
+    if any(not 1 <= len(n) <= 100 for n in names):
         raise ValueError("each topic, separated by commas, must have 1 to 100 characters")
     return value
 
@@ -94,7 +99,7 @@ async def push(request: Request, job: Push) -> Answer:
 @router.post(POP, response_model=Answer)
 async def pop(request: Request, body: Pop) -> Answer:
     """Lease one ready job for its TTR (consume scope on every topic); none within timeout: data null."""
-    jobs = await pop_jobs(request, [t.strip() for t in body.topic.split(",")], 1, body.timeout)
+    jobs = await pop_jobs(request, _topics(body.topic), 1, body.timeout)
     if not jobs:
         return Answer()
     text = jobs[0].value if isinstance(jobs[0].value, str) else json.dumps(jobs[0].value)
