@@ -207,12 +207,31 @@ SELECT dq_offer_many('t_tq_b', ARRAY['b1', 'b2'], ARRAY['1', '2']::jsonb[]);
 SELECT dq_channel_set('t_tq_b', 'limited', 1);
 SELECT dq_offer('t_tq_b', 'b3', '3', NULL, TRUE, 'limited');
 SELECT dq_offer('t_tq_a', 'a1', '1');
-CREATE TEMP TABLE tq AS SELECT key, lock_token FROM dq_poll_many('t_tq_b', 3, '1 minute');
-CREATE TEMP TABLE tq_a AS SELECT key, lock_token FROM dq_poll('t_tq_a', '1 minute');
-CREATE FUNCTION pg_temp.tq(k text) RETURNS uuid LANGUAGE sql AS $$ SELECT lock_token FROM tq WHERE key = k $$;
+CREATE TEMP TABLE tq AS
+SELECT
+    key,
+    lock_token
+FROM dq_poll_many('t_tq_b', 3, '1 minute');
+CREATE TEMP TABLE tq_a AS
+SELECT lock_token FROM dq_poll('t_tq_a', '1 minute');
+CREATE FUNCTION pg_temp.tq(k text) RETURNS uuid LANGUAGE sql AS $$
+    SELECT lock_token FROM tq
+    WHERE key = k
+$$;
 CREATE TEMP TABLE tq_before AS
-SELECT key, lock_token, due_at, attempts, state, last_error FROM dq_messages WHERE queue = 't_tq_b';
-SELECT is((SELECT count(*)::int FROM tq_before WHERE lock_token IS NOT NULL), 3, 'three messages of t_tq_b leased');
+SELECT
+    key,
+    lock_token,
+    due_at,
+    attempts,
+    state,
+    last_error
+FROM dq_messages
+WHERE queue = 't_tq_b';
+SELECT is((
+    SELECT count(*)::int FROM tq_before
+    WHERE lock_token IS NOT NULL
+), 3, 'three messages of t_tq_b leased');
 SELECT ok(NOT dq_ack(pg_temp.tq('b1'), 't_tq_a'), 'dq_ack of a token of t_tq_b, given t_tq_a: stale');
 SELECT is(
     dq_ack_many(ARRAY[pg_temp.tq('b1'), pg_temp.tq('b2'), pg_temp.tq('b3')], 't_tq_a'), 0,
@@ -237,7 +256,10 @@ SELECT is(
     dq_ack_many(ARRAY[pg_temp.tq('b1'), (SELECT lock_token FROM tq_a)], 't_tq_a'), 1,
     'a batch with a token of each queue acks only the given queue''s'
 );
-SELECT is((SELECT count(*)::int FROM dq_messages WHERE queue = 't_tq_b'), 3, 'and t_tq_b keeps its messages');
+SELECT is((
+    SELECT count(*)::int FROM dq_messages
+    WHERE queue = 't_tq_b'
+), 3, 'and t_tq_b keeps its messages');
 SELECT isnt(dq_extend(pg_temp.tq('b1'), '1 minute', 't_tq_b'), NULL, 'given its own queue, a token extends');
 SELECT ok(dq_nack(pg_temp.tq('b1'), NULL, NULL, NULL, 't_tq_b'), 'and nacks');
 SELECT is(dq_ack_many(ARRAY[pg_temp.tq('b2')], 't_tq_b'), 1, 'and acks in a batch');
