@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import os
 import re
+import socket
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -47,6 +49,27 @@ ALLOWED_HOST = re.compile(r"([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
     help="a Host name (or name:port) browsers may use besides the served address, e.g. behind a proxy; repeat",
 )
 @click.option("--docs", is_flag=True, help="serve Swagger UI at /docs (it loads from a CDN)")
+@click.option(
+    "--statement-timeout",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="seconds a statement may run, then 503 (0: no limit); a long poll waits outside SQL",
+)
+@click.option(
+    "--timeout-keep-alive",
+    default=5,
+    show_default=True,
+    type=click.IntRange(1),
+    help="seconds an idle connection stays",
+)
+@click.option(
+    "--limit-concurrency",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="open connections (long polls included) before new requests get 503",
+)
 def serve(
     dsn: str | None,
     schema: str,
@@ -58,6 +81,9 @@ def serve(
     log_level: str,
     allowed_hosts: tuple[str, ...],
     docs: bool,
+    statement_timeout: float,
+    timeout_keep_alive: int,
+    limit_concurrency: int,
 ) -> None:
     """Serve the queues over HTTP until SIGINT / SIGTERM: the dashboard at /, the JSON API under /v1
     (OpenAPI at /openapi.json), Prometheus metrics at /metrics. Without --tokens it listens on loopback only."""
@@ -84,8 +110,35 @@ def serve(
         pool_size=pool_size,
         allowed_hosts=allowed_hosts,
         docs=docs,
+        statement_timeout=statement_timeout,
     )
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level.lower())
+    listening = _listen(host, port)
+    config = uvicorn.Config(
+        create_app(settings),
+        log_level=log_level.lower(),
+        http="h11",  # its parser bounds a request's head (httptools' takes megabytes)
+        h11_max_incomplete_event_size=MAX_HEAD,
+        timeout_keep_alive=timeout_keep_alive,
+        limit_concurrency=limit_concurrency,
+    )
+    server = uvicorn.Server(config)
+    server.run(sockets=[listening])
+    if not server.started:
+        raise click.ClickException("the server did not start (see the log above)")
+
+
+MAX_HEAD = 16 * 1024  # bytes of a request line and headers (431 beyond)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port; exit 1 saying why if it cannot (the port is in use, ...)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise click.ClickException(f"port {port} is in use on {host}") from e
+        raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
 
 
 SPANS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -122,6 +175,7 @@ def token_new(
 ) -> None:
     """Add a token to TOKENS_FILE (which keeps only its SHA-256) and print it, once."""
     from ..http import new_token
+    from ..http._auth import save_tokens
 
     path = Path(tokens_file)
     data = json.loads(path.read_text()) if path.exists() else {"tokens": []}
@@ -129,6 +183,5 @@ def token_new(
         raise BadInput(f"{tokens_file} already has a token named {name!r}")
     secret, entry = new_token(name, list(scopes), list(queues), expiry(expires) if expires else None)
     data["tokens"].append(entry)
-    path.touch(mode=0o600)
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    save_tokens(path, data)
     click.echo(secret)

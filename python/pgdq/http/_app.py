@@ -4,10 +4,13 @@ imported here and imports nothing back (what they share is in _access)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import select
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -17,6 +20,7 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from .._version import VERSION
 from ..errors import InvalidArgument, PgdqError
@@ -30,7 +34,7 @@ from ._docs import router as docs_router
 from ._guard import BrowserGuard
 from ._metrics import RequestMetrics
 from ._metrics import router as metrics_router
-from ._v1 import router
+from ._v1 import EndlessTimestamptzLoader, router
 from ._v1_manage import router as manage_router
 from ._wakeups import Wakeups
 
@@ -46,6 +50,7 @@ class Settings:
     tokens: list[Token] | None = None
     max_body: int = 1 << 20  # bytes of a request body
     pool_size: int = 10
+    statement_timeout: float = 30.0  # seconds a statement may run (0: no limit); a long poll waits outside SQL
     allowed_hosts: tuple[str, ...] = ()  # Host names besides the served address (name or name:port), see _guard
     docs: bool = False  # Swagger UI at /docs (loaded from a CDN); /openapi.json is always served
 
@@ -103,6 +108,19 @@ def _install_error_handlers(app: FastAPI) -> None:
         # SQLSTATE class 22 from PostgreSQL itself, e.g. a NUL character in a text or a JSON string
         return error_response(request.url.path, 400, e.diag.message_primary or str(e), e.sqlstate)
 
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, e: ClientDisconnect) -> JSONResponse:
+        # the body stopped: the client left, or BodyLimit answered 413 already (this answer goes nowhere)
+        return error_response(request.url.path, 400, "the client disconnected")
+
+    @app.exception_handler(psycopg.errors.QueryCanceled)
+    async def statement_timeout(request: Request, e: psycopg.errors.QueryCanceled) -> JSONResponse:
+        # a statement over the statement timeout (a client that left is not answered at all)
+        limit = request.app.state.settings.statement_timeout
+        log.warning("statement timeout: %s", e)
+        message = f"the statement ran over the statement timeout ({limit:g} s)"
+        return error_response(request.url.path, 503, message, e.sqlstate, headers={"Retry-After": "5"})
+
     @app.exception_handler(PoolTimeout)
     @app.exception_handler(psycopg.OperationalError)
     async def database_down(request: Request, e: Exception) -> JSONResponse:
@@ -119,7 +137,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 class BodyLimit:
-    """ASGI middleware: a request body over max_body bytes gets 413, read no further."""
+    """ASGI middleware: a request body over max_body bytes gets 413, read no
+    further (declared by Content-Length, or counted as a chunked body arrives)."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], max_body: int) -> None:
         self.app, self.max_body = app, max_body
@@ -130,23 +149,136 @@ class BodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body:
-            await self._too_large(scope, receive, send)
+            await self._too_large(scope, send)
             return
-        seen = 0
+        seen, started, refused = 0, False, False
 
         async def counted() -> Any:
-            nonlocal seen
+            # over the limit: answer 413 here, and the app reads a disconnect (its own answer is dropped)
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.max_body:
-                raise ApiError(413, f"the request body is over {self.max_body} bytes")
-            return message
+            if seen <= self.max_body:
+                return message
+            refused = True
+            if not started:
+                await self._too_large(scope, send)
+            return {"type": "http.disconnect"}
 
-        await self.app(scope, counted, send)
+        async def unless_refused(message: dict[str, Any]) -> None:
+            nonlocal started
+            if not refused:
+                started = True
+                await send(message)
 
-    async def _too_large(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        await self.app(scope, counted, unless_refused)
+
+    async def _too_large(self, scope: dict[str, Any], send: Callable[..., Any]) -> None:
+        """Send the 413 answer."""
         response = error_response(scope["path"], 413, f"the request body is over {self.max_body} bytes")
-        await response(scope, receive, send)
+        await response(scope, _no_body, send)
+
+
+async def _no_body() -> dict[str, Any]:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+class CancelOnDisconnect:
+    """ASGI middleware: a client that goes away before its answer is complete
+    has its request cancelled (psycopg then cancels the running statement on
+    the server, so the pooled connection comes back idle)."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        exchange = _Exchange(receive, send)
+        if not _has_body(scope):  # the app may never read it: read it here, so the watch can start
+            exchange.pending.append(await receive())
+            exchange.body_read.set()
+        handler = asyncio.ensure_future(self.app(scope, exchange.receive, exchange.send))
+        watch = asyncio.ensure_future(exchange.watch(handler))
+        try:
+            await handler
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if (current is not None and current.cancelling()) or not exchange.disconnected.is_set():
+                raise
+            log.info("%s %s: the client went away; its request was cancelled", scope["method"], scope["path"])
+        finally:
+            handler.cancel()
+            watch.cancel()
+
+
+def _has_body(scope: dict[str, Any]) -> bool:
+    """True if the request declares a body (a Content-Length above 0, or a Transfer-Encoding)."""
+    headers = dict(scope["headers"])
+    return b"transfer-encoding" in headers or headers.get(b"content-length", b"0") not in (b"0", b"")
+
+
+class _Exchange:
+    """One request's receive and send as the app sees them: once its body is
+    read, only watch() reads the client's channel, and a disconnect cancels the
+    handler unless the answer is complete."""
+
+    def __init__(self, receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        self._receive, self._send = receive, send
+        self.pending: list[dict[str, Any]] = []
+        self.body_read, self.disconnected = asyncio.Event(), asyncio.Event()
+        self.complete = False
+
+    async def receive(self) -> dict[str, Any]:
+        """The next message for the app: the body's, then (waiting) the disconnect."""
+        if self.pending:
+            return self.pending.pop(0)
+        if self.body_read.is_set():
+            await self.disconnected.wait()
+            return {"type": "http.disconnect"}
+        message: dict[str, Any] = await self._receive()
+        if message["type"] == "http.disconnect":
+            self.disconnected.set()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.body_read.set()
+        return message
+
+    async def send(self, message: dict[str, Any]) -> None:
+        """Send message, noting when the answer is complete."""
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.complete = True
+        await self._send(message)
+
+    async def watch(self, handler: asyncio.Future[None]) -> None:
+        """After the body, wait for the client's disconnect; cancel handler if it comes first."""
+        await self.body_read.wait()
+        if not self.disconnected.is_set():
+            while (await self._receive())["type"] != "http.disconnect":
+                pass
+            self.disconnected.set()
+        if not self.complete:
+            handler.cancel()
+
+
+async def _configure_connection(statement_timeout: float, conn: psycopg.AsyncConnection[Any]) -> None:
+    """A new pooled connection: its statement timeout set, infinite times read (see INFINITY)."""
+    conn.adapters.register_loader("timestamptz", EndlessTimestamptzLoader)
+    timeout = f"{round(statement_timeout * 1000)}ms"
+    await conn.execute("SELECT pg_catalog.set_config('statement_timeout', %s, false)", (timeout,))
+
+
+async def _check_connection(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Before a pooled connection serves a request: a round trip (raise if it is broken) only
+    if its socket has something to read, as when the server closed it (a restart); else one poll()."""
+    if hasattr(select, "poll"):
+        idle = select.poll()
+        idle.register(conn.pgconn.socket, select.POLLIN)
+        if not idle.poll(0):
+            return
+    await AsyncConnectionPool.check_connection(conn)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -161,6 +293,8 @@ def create_app(settings: Settings) -> FastAPI:
             open=False,
             timeout=5,
             kwargs={"autocommit": True},
+            configure=partial(_configure_connection, settings.statement_timeout),
+            check=_check_connection,
         )
         await pool.open(wait=False)  # the database may come later: requests get 503 until then
         wakeups = Wakeups(settings.dsn, settings.schema)
@@ -194,6 +328,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.request_metrics = RequestMetrics()
     app.add_middleware(app.state.request_metrics.middleware)
     app.add_middleware(BodyLimit, max_body=settings.max_body)
+    app.add_middleware(CancelOnDisconnect)
     # outermost: without tokens every Host is checked (DNS rebinding); with them, only if hosts are named
     check_host = settings.tokens is None or bool(settings.allowed_hosts)
     app.add_middleware(BrowserGuard, check_host=check_host, allowed_hosts=settings.allowed_hosts)

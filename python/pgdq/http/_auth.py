@@ -4,13 +4,17 @@ digests; a presented token is compared with every digest in constant time."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
+import os
 import secrets
+import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from string import hexdigits
 
 SCOPES = frozenset({"produce", "consume", "admin"})
 
@@ -41,27 +45,70 @@ def _digest(secret: str) -> str:
 
 
 def load_tokens(path: str | Path) -> list[Token]:
-    """The tokens of a file {"tokens": [{"name", "sha256", "scopes", "queues"}]}; ValueError if malformed."""
+    """The tokens of a file {"tokens": [{"name", "sha256", "scopes", "queues"}]} that no one but its
+    owner (you or root) may write; ValueError naming the file (and the token and field) otherwise."""
+    _check_private(Path(path))
     try:
         entries = json.loads(Path(path).read_text())["tokens"]
-        tokens = [
-            Token(
-                str(e["name"]),
-                str(e["sha256"]).lower(),
-                frozenset(e["scopes"]),
-                frozenset(e["queues"]),
-                parse_expiry(e.get("expires"), f"token {e['name']!r} expires"),
-            )
-            for e in entries
-        ]
+        if not isinstance(entries, list):
+            raise ValueError('"tokens" must be a list')
+        return [_token(e) for e in entries]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"tokens file {path}: {e}") from e
-    for t in tokens:
-        if not t.scopes or not t.scopes <= SCOPES:
-            raise ValueError(f"tokens file {path}: token {t.name!r} scopes must be some of {sorted(SCOPES)}")
-        if len(t.sha256) != 64 or any(c not in "0123456789abcdef" for c in t.sha256):
-            raise ValueError(f"tokens file {path}: token {t.name!r} sha256 must be 64 hex digits")
-    return tokens
+
+
+def _check_private(path: Path) -> None:
+    """ValueError unless only path's owner may write it and that owner is you or root (as ssh asks)."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise ValueError(f"tokens file {path}: {e}") from e
+    if os.name != "posix":
+        return
+    if st.st_mode & 0o022:
+        who = "others" if st.st_mode & 0o002 else "its group"
+        raise ValueError(f"tokens file {path} is writable by {who} (mode {st.st_mode & 0o777:o}): chmod go-w {path}")
+    if st.st_uid not in (os.getuid(), 0):
+        raise ValueError(f"tokens file {path} is owned by user {st.st_uid}, not by you or root: chown it")
+
+
+def _token(entry: object) -> Token:
+    """One entry of the tokens file; ValueError naming the token and the field."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"each token must be an object, not {entry!r}")
+    name = entry["name"]
+    if not isinstance(name, str):
+        raise ValueError(f"token {name!r}: name must be a string")
+    who = f"token {name!r}"
+    sha256, scopes, queues = entry["sha256"], _strings(entry, "scopes", who), _strings(entry, "queues", who)
+    if not isinstance(sha256, str) or len(sha256) != 64 or any(c not in hexdigits for c in sha256):
+        raise ValueError(f"{who}: sha256 must be 64 hex digits")
+    if not scopes or not scopes <= SCOPES:
+        raise ValueError(f"{who}: scopes must be some of {sorted(SCOPES)}")
+    return Token(name, sha256.lower(), scopes, queues, parse_expiry(entry.get("expires"), f"{who} expires"))
+
+
+def _strings(entry: dict[str, object], field: str, who: str) -> frozenset[str]:
+    """entry[field], which must be a list of strings ("orders" alone would be its letters)."""
+    value = entry[field]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{who}: {field} must be a list of strings, not {value!r}")
+    return frozenset(value)
+
+
+def save_tokens(path: str | Path, data: dict[str, object]) -> None:
+    """Write the tokens file whole: a new file readable and writable by its owner only
+    (mode 0600, whatever the umask or the old file's mode), moved over the old one."""
+    target = Path(path)
+    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)  # mkstemp: mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=2) + "\n")
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def new_token(

@@ -13,7 +13,7 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import HTMLResponse, RedirectResponse
@@ -22,10 +22,10 @@ from fastapi.templating import Jinja2Templates
 from ..model import QueueStats
 from ._access import TOKEN_COOKIE, ApiError, authorize, presented_token
 from ._auth import Token, find_token
-from ._v1 import QueueName, _client, _queue
+from ._v1 import INFINITY, MINUS_INFINITY, QueueName, SegmentRoute, _client, _queue
 
 HERE = Path(__file__).parent
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, route_class=SegmentRoute)
 LOGIN_BODY_LIMIT = 4096  # bytes of a login form
 COOKIE_HOURS = 12  # how long the login cookie lasts (less if the token expires sooner)
 
@@ -84,7 +84,22 @@ async def overview_rows(request: Request) -> Response:
 
 def _clock() -> dict[str, Any]:
     now = datetime.now(UTC)
-    return {"now": now, "age": lambda t: _age(t, now)}
+    return {"now": now, "age": lambda t: _age(t, now), "next_time": lambda t: _next_time(t, now)}
+
+
+def _next_time(at: datetime, now: datetime) -> str:
+    """A schedule's next time for people: "never" for infinity, "long ago" for -infinity, else when and how soon."""
+    if at in (INFINITY, MINUS_INFINITY):
+        return "never" if at == INFINITY else "long ago"
+    return f"{at.strftime('%Y-%m-%d %H:%M:%S %Z')} (in {_age(at, now)})"
+
+
+def _segment(name: str) -> str:
+    """name as one segment of a URL path ("/" encoded as %2F, see SegmentRoute)."""
+    return quote(name, safe="")
+
+
+templates.env.filters["segment"] = _segment
 
 
 @router.get("/queues/{queue}", response_class=HTMLResponse)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Literal
 from uuid import UUID
 
 from pydantic import (
@@ -220,7 +220,7 @@ class ScheduleOut(BaseModel):
     timezone: str
     payload: JsonValue
     max_missed: int
-    next_at: datetime
+    next_at: datetime | Literal["infinity", "-infinity"] = Field(description='"infinity": no next occurrence')
     last_error: str | None
     last_error_at: datetime | None
     failures: int

@@ -7,10 +7,17 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import unquote
 
 from fastapi import APIRouter, Path, Request
+from fastapi.routing import APIRoute
+from psycopg import adapters
+from psycopg.adapt import Buffer, Loader
+from psycopg.pq import Format
 from pydantic import BaseModel
+from starlette.routing import Match
+from starlette.types import Scope
 
 from .. import AsyncClient, AsyncDelivery, AsyncQueue
 from ..model import Message, QueueStats
@@ -33,11 +40,58 @@ from ._models import (
     PollOut,
 )
 
+
+class SegmentRoute(APIRoute):
+    """A route whose path parameters are whole segments of the raw path, each
+    percent-decoded once: the queue "a/b" is /v1/queues/a%2Fb/stats (the server
+    decodes %2F before routing, where it would be one segment more)."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        """Match as usual; with an encoded "/" in the path, match the raw path and decode each parameter."""
+        raw = scope.get("raw_path")
+        if scope["type"] != "http" or not raw or b"%2f" not in raw.lower():
+            return super().matches(scope)
+        match, child = super().matches({**scope, "path": raw.decode("ascii", "replace")})
+        if match != Match.NONE:
+            params = child["path_params"]
+            child["path_params"] = {k: unquote(v) if k in self.param_convertors else v for k, v in params.items()}
+        return match, child
+
+
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 413, 503)}
-router = APIRouter(prefix="/v1", responses=ERRORS)
+router = APIRouter(prefix="/v1", responses=ERRORS, route_class=SegmentRoute)
 W = TypeVar("W", bound=BaseModel)
 QueueName = Annotated[str, Path(min_length=1, max_length=100, description="the queue")]
 KeyName = Annotated[str, Path(min_length=1, max_length=200, description="the message's key")]
+
+
+# PostgreSQL's 'infinity' and '-infinity' timestamps as read on the service's
+# connections (EndlessTimestamptzLoader), where psycopg would fail; wire_time
+# answers them as those words.
+INFINITY = datetime.max.replace(tzinfo=UTC)
+MINUS_INFINITY = datetime.min.replace(tzinfo=UTC)
+_TIMESTAMPTZ = adapters.get_loader(adapters.types["timestamptz"].oid, Format.TEXT)
+
+
+class EndlessTimestamptzLoader(Loader):
+    """timestamptz as psycopg reads it, but 'infinity' / '-infinity' as INFINITY / MINUS_INFINITY."""
+
+    def __init__(self, oid: int, context: Any = None) -> None:
+        super().__init__(oid, context)
+        self._finite = _TIMESTAMPTZ(oid, context)  # type: ignore[misc]
+
+    def load(self, data: Buffer) -> Any:
+        """The datetime of data (its text), or INFINITY / MINUS_INFINITY."""
+        if bytes(data[-1:]) == b"y":  # only the infinities end so: the hot path pays one comparison
+            endless = {b"infinity": INFINITY, b"-infinity": MINUS_INFINITY}.get(bytes(data))
+            if endless is not None:
+                return endless
+        return self._finite.load(data)
+
+
+def wire_time(at: datetime) -> datetime | Literal["infinity", "-infinity"]:
+    """at for JSON: INFINITY and MINUS_INFINITY as "infinity" and "-infinity"."""
+    return "infinity" if at == INFINITY else "-infinity" if at == MINUS_INFINITY else at
 
 
 def _queue(request: Request, name: str) -> AsyncQueue:

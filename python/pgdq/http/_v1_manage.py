@@ -24,9 +24,9 @@ from ._models import (
     ScheduleIn,
     ScheduleOut,
 )
-from ._v1 import ERRORS, QueueName, _at, _client, _queue, _wire
+from ._v1 import ERRORS, QueueName, SegmentRoute, _at, _client, _queue, _wire, wire_time
 
-router = APIRouter(prefix="/v1", responses=ERRORS, tags=["manage"])
+router = APIRouter(prefix="/v1", responses=ERRORS, tags=["manage"], route_class=SegmentRoute)
 ScheduleName = Annotated[str, Path(min_length=1, max_length=100, description="the schedule")]
 ChannelName = Annotated[str, Path(min_length=1, max_length=100, description="the channel")]
 
@@ -66,7 +66,8 @@ async def dead_stats(request: Request) -> list[DeadLetterStats]:
 async def schedules(request: Request, queue: QueueName) -> list[ScheduleOut]:
     """The queue's schedules with their next occurrence (dq_schedules)."""
     authorize(request, "consume", queue)
-    return [_wire(ScheduleOut, s) for s in await _queue(request, queue).schedules()]
+    found = await _queue(request, queue).schedules()
+    return [_wire(ScheduleOut, s).model_copy(update={"next_at": wire_time(s.next_at)}) for s in found]
 
 
 @router.put("/queues/{queue}/schedules/{name}", response_model=NextAt)

@@ -1,0 +1,360 @@
+"""pgdq serve's limits (issue 26): statement timeout and cancelling the query
+of a client that left, connection limits, the tokens file's shape and mode,
+chunked bodies over the limit, queue names with "/", schedules at infinity,
+stale pooled connections after a database restart, a port in use."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import psycopg
+import pytest
+from conftest import ROOT, install_extension, owner, start_cluster, unsharded
+from http_server import Server, free_port, make_tokens, serve
+from pgdq import Queue
+from psycopg import sql
+
+
+def until(condition: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    """Poll condition until it is truthy; fail naming what after timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def running() -> Iterator[list[Server]]:
+    """Servers a test starts (append them), stopped after it."""
+    servers: list[Server] = []
+    yield servers
+    for s in servers:
+        s.stop()
+
+
+def backends(database: str, where: str) -> int:
+    """How many other backends of database match where (a fixed SQL condition)."""
+    with psycopg.connect(database, autocommit=True) as c:
+        query = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        (n,) = c.execute(query + " AND " + where).fetchone()  # type: ignore[misc]
+        return int(n)
+
+
+def send_raw(url: str, method: str, path: str, body: bytes = b"") -> socket.socket:
+    """A connection that sent one request (its answer not read)."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    head = f"{method} {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: {len(body)}\r\n"
+    sock.sendall(head.encode() + b"content-type: application/json\r\n\r\n" + body)
+    return sock
+
+
+def answer_status(sock: socket.socket) -> int:
+    """The status of the next answer on sock (its head read, then its body by content-length)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection"
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = next(
+        int(v) for k, _, v in (h.partition(b":") for h in head.split(b"\r\n")) if k.lower() == b"content-length"
+    )
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return int(head.split()[1])
+
+
+# 1. statement timeout; a client that leaves has its statement cancelled
+
+
+@unsharded("locks a row of dq_messages, which lives on the partitions")
+def test_a_client_that_leaves_has_its_statement_cancelled(
+    database: str, queue_name: str, q: Queue, running: list[Server]
+) -> None:
+    running.append(s := serve(database, "--pool-size", "3"))
+    q.offer("k", 1)
+    waiting = "wait_event_type = 'Lock'"
+    with psycopg.connect(owner(database, queue_name)) as holder:  # a transaction holding the row
+        holder.execute("SELECT 1 FROM dq_messages WHERE queue = %s AND key = 'k' FOR UPDATE", (queue_name,))
+        clients = [send_raw(s.url, "DELETE", f"/v1/queues/{queue_name}/messages/k") for _ in range(3)]
+        until(lambda: backends(database, waiting) == 3, "3 requests waiting on the lock")
+        for c in clients:
+            c.close()
+        until(lambda: backends(database, waiting) == 0, "the server to cancel the statements of the clients gone")
+        assert backends(database, "state = 'active'") == 0
+        r = httpx.get(f"{s.url}/v1/queues/{queue_name}/stats", timeout=30)  # the pool serves a fresh request
+        assert r.status_code == 200 and r.json()["ready"] == 1, r.text
+        holder.rollback()
+    assert q.get("k") is not None  # nothing was deleted
+
+
+@unsharded("locks a row of dq_messages, which lives on the partitions")
+def test_a_statement_over_the_timeout_answers_503(
+    database: str, queue_name: str, q: Queue, running: list[Server]
+) -> None:
+    running.append(s := serve(database, "--statement-timeout", "0.5"))
+    q.offer("k", 1)
+    with psycopg.connect(owner(database, queue_name)) as holder:
+        holder.execute("SELECT 1 FROM dq_messages WHERE queue = %s AND key = 'k' FOR UPDATE", (queue_name,))
+        r = httpx.delete(f"{s.url}/v1/queues/{queue_name}/messages/k", timeout=30)
+        assert r.status_code == 503, r.text
+        assert r.json() == {"error": "the statement ran over the statement timeout (0.5 s)", "sqlstate": "57014"}
+        holder.rollback()
+    started = time.monotonic()  # a long poll waits in Python, not in SQL: the timeout does not end it
+    r = httpx.post(f"{s.url}/v1/queues/{queue_name}/poll", json={"wait": 1.5, "max": 5}, timeout=30)
+    assert r.status_code == 200 and r.json()["deliveries"][0]["key"] == "k", r.text
+    q.offer("later", 2, datetime.now(UTC) + timedelta(seconds=1.2))
+    r = httpx.post(f"{s.url}/v1/queues/{queue_name}/poll", json={"wait": 5}, timeout=30)
+    assert [d["key"] for d in r.json()["deliveries"]] == ["later"], r.text
+    assert time.monotonic() - started > 1.0
+
+
+def test_statement_timeout_must_be_positive_or_zero(database: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pgdq", "serve", "--dsn", database, "--statement-timeout", "-1"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2 and "--statement-timeout" in done.stderr
+
+
+# 2. connections: capped, idle ones closed
+
+
+def test_connections_over_the_limit_get_503(database: str, running: list[Server]) -> None:
+    running.append(s := serve(database, "--limit-concurrency", "3", "--timeout-keep-alive", "60"))
+    opened, statuses = [], []
+    for _ in range(4):  # each connection stays open (keep-alive) while the next one asks
+        opened.append(send_raw(s.url, "GET", "/openapi.json"))
+        statuses.append(answer_status(opened[-1]))
+    assert statuses[0] == 200 and 503 in statuses, statuses
+    for sock in opened:
+        sock.close()
+    until(lambda: httpx.get(s.url + "/openapi.json", timeout=30).status_code == 200, "a free connection again")
+
+
+def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(database: str, running: list[Server]) -> None:
+    running.append(s := serve(database, "--timeout-keep-alive", "1"))
+    sock = send_raw(s.url, "GET", "/openapi.json")
+    assert answer_status(sock) == 200
+    started = time.monotonic()
+    assert sock.recv(1) == b""  # the server closed it
+    assert time.monotonic() - started < 10
+    sock.close()
+
+
+# 3. the tokens file
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ({"queues": "orders"}, "token 'shop': queues must be a list of strings"),
+        ({"queues": ["orders", 1]}, "token 'shop': queues must be a list of strings"),
+        ({"scopes": "produce"}, "token 'shop': scopes must be a list of strings"),
+        ({"name": 7}, "token 7: name must be a string"),
+        ({"sha256": None}, "token 'shop': sha256 must be 64 hex digits"),
+    ],
+)
+def test_tokens_file_fields_must_have_their_types(tmp_path: Path, entry: dict[str, Any], says: str) -> None:
+    from pgdq.http import load_tokens
+
+    path = tmp_path / "tokens.json"
+    good = {"name": "shop", "sha256": "a" * 64, "scopes": ["produce"], "queues": ["orders"]}
+    path.write_text(json.dumps({"tokens": [{**good, **entry}]}))
+    path.chmod(0o600)
+    with pytest.raises(ValueError, match="tokens file .*: " + says.replace("(", r"\(")):
+        load_tokens(path)
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o620, 0o602])
+def test_a_tokens_file_others_may_write_is_refused(tmp_path: Path, database: str, mode: int) -> None:
+    path = tmp_path / "tokens.json"
+    make_tokens(path, {"shop": (["produce"], ["orders"])})
+    path.chmod(mode)
+    done = subprocess.run(
+        [sys.executable, "-m", "pgdq", "serve", "--dsn", database, "--tokens", str(path), "--port", str(free_port())],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=15,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"tokens file {path} is writable by " in done.stderr and "chmod go-w" in done.stderr
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown needs root")
+def test_a_tokens_file_of_another_user_is_refused(tmp_path: Path) -> None:
+    from pgdq.http import load_tokens
+
+    path = tmp_path / "tokens.json"
+    make_tokens(path, {"shop": (["produce"], ["orders"])})
+    os.chown(path, 4321, -1)
+    with pytest.raises(ValueError, match="is owned by user 4321, not by you or root"):
+        load_tokens(path)
+
+
+def test_token_new_keeps_the_tokens_file_private(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.json"
+    make_tokens(path, {"shop": (["produce"], ["orders"])})
+    assert path.stat().st_mode & 0o777 == 0o600
+    path.chmod(0o644)  # e.g. copied with a lax umask
+    make_tokens(path, {"ops": (["admin"], [])})
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert [t["name"] for t in json.loads(path.read_text())["tokens"]] == ["shop", "ops"]
+
+
+# 4. a chunked body over the limit
+
+
+def test_a_chunked_body_over_the_limit_is_413(database: str, queue_name: str, q: Queue, running: list[Server]) -> None:
+    running.append(s := serve(database, "--max-body", "1000"))
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"key": "k", "payload": "'
+        for _ in range(4):
+            yield b"x" * 400
+        yield b'"}'
+
+    r = httpx.post(
+        f"{s.url}/v1/queues/{queue_name}/messages",
+        content=chunks(),
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert r.status_code == 413, r.text
+    assert r.json() == {"error": "the request body is over 1000 bytes"}
+    assert q.get("k") is None
+    small = httpx.post(
+        f"{s.url}/v1/queues/{queue_name}/messages",
+        content=iter([b'{"key": "k", ', b'"payload": 1}']),
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert small.status_code == 200, small.text
+
+
+# 5. queue names with "/"
+
+
+def purge_everything(database: str, name: str) -> None:
+    """Delete queue name's messages and dead letters."""
+    with Queue(name, owner(database, name)) as q:
+        q.purge()
+        q.purge_dead_letters(None)
+
+
+def test_a_queue_name_with_a_slash(database: str, running: list[Server]) -> None:
+    running.append(s := serve(database))
+    name = "limits/a"
+    base = f"/v1/queues/{quote(name, safe='')}"
+    purge_everything(database, name)
+    with httpx.Client(base_url=s.url, timeout=30) as api:
+        assert api.post(base + "/messages", json={"key": "k", "payload": 1}).json()["outcome"] == "created"
+        assert api.get(base + "/messages/k").json()["queue"] == name
+        assert api.get(base + "/stats").json()["ready"] == 1
+        (d,) = api.post(base + "/poll", json={"max": 5}).json()["deliveries"]
+        assert d["queue"] == name
+        assert api.post(base + "/ack", json={"lock_tokens": [d["lock_token"]]}).json() == {"acked": 1}
+        assert api.get(base + "/stats").json()["ready"] == 0
+        assert api.get(base + "/schedules").json() == []
+        # a queue "limits" with a key "a/stats" is not the queue "limits/a"
+        assert api.post("/v1/queues/limits/messages", json={"key": "a%2Fstats", "payload": 1}).status_code == 200
+        assert api.get("/v1/queues/limits/messages/a%252Fstats").json()["key"] == "a%2Fstats"
+        assert api.delete("/v1/queues/limits/messages/a%252Fstats").json() == {"done": True}
+        assert api.get(base + "/messages/k").status_code == 404
+        api.post(base + "/messages", json={"key": "k2", "payload": 1})
+        with Queue(name, owner(database, name)) as direct:
+            direct.poll_many(1)[0].dead_letter("broken")  # the fragment links its dead letters' actions
+        page = api.get("/queues/" + quote(name, safe=""))
+        assert page.status_code == 200 and '"/dashboard/queues/limits%2Fa"' in page.text, page.text
+        fragment = api.get("/dashboard/queues/" + quote(name, safe=""))
+        assert fragment.status_code == 200 and "/dashboard/queues/limits%2Fa/dead-letters" in fragment.text
+        rows = api.get("/dashboard/queues")
+        assert 'href="/queues/limits%2Fa"' in rows.text
+    purge_everything(database, name)
+
+
+# 6. schedules at infinity
+
+
+@unsharded("writes dq_schedules, which lives on the partitions")
+def test_a_schedule_at_infinity(database: str, queue_name: str, api: httpx.Client) -> None:
+    with psycopg.connect(owner(database, queue_name), autocommit=True) as c:
+        c.execute("SELECT dq_schedule_set(%s, 'never', '0 0 * * *')", (queue_name,))
+        c.execute("SELECT dq_schedule_set(%s, 'past', '0 0 * * *')", (queue_name,))
+        # what dq__materialise writes when an expression names no later time
+        c.execute("UPDATE dq_schedules SET next_at = 'infinity' WHERE queue = %s AND name = 'never'", (queue_name,))
+        c.execute("UPDATE dq_schedules SET next_at = '-infinity' WHERE queue = %s AND name = 'past'", (queue_name,))
+    r = api.get(f"/v1/queues/{queue_name}/schedules")
+    assert r.status_code == 200, r.text
+    assert {s["name"]: s["next_at"] for s in r.json()} == {"never": "infinity", "past": "-infinity"}
+    assert api.get(f"/v1/queues/{queue_name}/stats").status_code == 200
+    page = api.get(f"/dashboard/queues/{queue_name}")
+    assert page.status_code == 200, page.text
+    assert "never" in page.text
+    assert api.get(f"/queues/{queue_name}").status_code == 200
+
+
+# 7. stale pooled connections after a restart
+
+
+@unsharded("restarts a cluster of its own, not the router's partitions")
+def test_every_pooled_connection_works_after_a_database_restart(running: list[Server]) -> None:
+    """A cluster of this test's own (restarting the shared test cluster would break other runs)."""
+    env = start_cluster("test-http-restart")
+    params = {"host": env["PGHOST"], "port": env["PGPORT"], "user": env["PGUSER"]}
+    with psycopg.connect(psycopg.conninfo.make_conninfo(dbname="postgres", **params), autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier("restart")))
+        admin.execute("CREATE DATABASE restart")
+    dsn = psycopg.conninfo.make_conninfo(dbname="restart", **params)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        install_extension(c)
+    running.append(s := serve(dsn, "--pool-size", "3"))
+    with psycopg.connect(dsn) as holder:  # three requests at once grow the pool to 3 connections
+        holder.execute("SELECT dq_offer('r', 'k', '1')")
+        holder.commit()
+        holder.execute("SELECT 1 FROM dq_messages WHERE queue = 'r' AND key = 'k' FOR UPDATE")
+        clients = [send_raw(s.url, "DELETE", "/v1/queues/r/messages/k") for _ in range(3)]
+        until(lambda: backends(dsn, "wait_event_type = 'Lock'") == 3, "3 pooled connections in use")
+        holder.rollback()
+    assert sorted(answer_status(c) for c in clients) == [200, 404, 404]
+    subprocess.run([str(ROOT / "scripts/pgcluster.sh"), "restart", "test-http-restart"], check=True)
+    with httpx.Client(base_url=s.url, timeout=30) as api:
+        statuses = [api.get("/v1/queues/r/stats").status_code for _ in range(6)]
+    assert statuses == [200] * 6
+
+
+# 8. a port in use
+
+
+def test_serve_on_a_port_in_use_exits_1(database: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "pgdq", "serve", "--dsn", database, "--port", str(port)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert done.returncode == 1, done.stderr
+    assert f"port {port} is in use" in done.stderr
