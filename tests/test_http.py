@@ -112,6 +112,14 @@ def test_a_body_that_is_not_json_says_why_and_where(api: httpx.Client, queue_nam
     assert q.stats().ready == 0
 
 
+def test_the_dashboard_counts_one_dead_letter_as_one(api: httpx.Client, queue_name: str, q: Queue) -> None:
+    q.offer("k", 1)
+    (d,) = q.poll_many(1)
+    d.dead_letter("broke")
+    page = api.get(f"/dashboard/queues/{queue_name}")
+    assert page.status_code == 200 and f"Offer the dead letter of {queue_name} again?" in page.text, page.text
+
+
 def test_long_poll_wakes_on_an_offer_and_holds_no_connection(
     api: httpx.Client, queue_name: str, q: Queue, database: str
 ) -> None:
