@@ -7,7 +7,7 @@ import psycopg
 
 from ..errors import InvalidArgument, PgdqError
 from ..shard import init as init_router
-from ._base import BadInput, _connect, _emit, _reason, json_option, schema_option
+from ._base import BadInput, _connect, _count, _emit, _reason, json_option, schema_option
 
 
 @click.group()
@@ -46,8 +46,9 @@ def init(router: str, partition_list: str | None, partition_each: tuple[str, ...
             raise click.ClickException(f"shard init failed: {_reason(e)}") from e
     for warning in warnings:
         click.echo(f"WARNING: {warning}", err=True)
+    n = len(partitions)
     _emit(
-        {"router": True, "partitions": len(partitions), "schema": schema, "warnings": warnings},
+        {"router": True, "partitions": n, "schema": schema, "warnings": warnings},
         as_json,
-        lambda: click.echo(f"the router now runs pgdq's functions in schema {schema} on {len(partitions)} partitions"),
+        lambda: click.echo(f"the router now runs pgdq's functions in schema {schema} on {_count(n, 'partition')}"),
     )
