@@ -159,6 +159,18 @@ def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(database: str
     sock.close()
 
 
+def test_a_request_head_that_never_ends_is_refused_after_16_kib(database: str, running: list[Server]) -> None:
+    running.append(s := serve(database))
+    host = s.url.removeprefix("http://")
+    with socket.create_connection(tuple(host.split(":")), timeout=30) as sock:  # type: ignore[arg-type]
+        # a head that never ends: refused once 16 KiB of it wait unparsed (not read on for ever)
+        sock.sendall(f"GET /openapi.json HTTP/1.1\r\nhost: {host}\r\nx-big: {'a' * 20000}".encode())
+        assert sock.recv(100).startswith(b"HTTP/1.1 400 ")
+    with socket.create_connection(tuple(host.split(":")), timeout=30) as sock:  # type: ignore[arg-type]
+        sock.sendall(f"GET /openapi.json HTTP/1.1\r\nhost: {host}\r\nx-big: {'a' * 8000}\r\n\r\n".encode())
+        assert sock.recv(100).startswith(b"HTTP/1.1 200 ")
+
+
 # 3. the tokens file
 
 

@@ -116,7 +116,7 @@ def serve(
     config = uvicorn.Config(
         create_app(settings),
         log_level=log_level.lower(),
-        http="h11",  # its parser bounds a request's head (httptools' takes megabytes)
+        http="h11",  # its parser bounds a request head waiting unparsed (httptools reads megabytes of one)
         h11_max_incomplete_event_size=MAX_HEAD,
         timeout_keep_alive=timeout_keep_alive,
         limit_concurrency=limit_concurrency,
@@ -127,7 +127,7 @@ def serve(
         raise click.ClickException("the server did not start (see the log above)")
 
 
-MAX_HEAD = 16 * 1024  # bytes of a request line and headers (431 beyond)
+MAX_HEAD = 16 * 1024  # bytes of a request head that may wait unparsed (a slow or endless head: 400)
 
 
 def _listen(host: str, port: int) -> socket.socket:
