@@ -7,6 +7,7 @@ tokens that expire, and the logout. What was done is checked in SQL."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -256,5 +257,22 @@ def test_docs_behind_a_flag(database: str) -> None:
         assert "https://cdn.jsdelivr.net" in policy and "'unsafe-inline'" not in policy.split("style-src")[0]
         assert_guarded(httpx.get(s.url + "/docs/oauth2-redirect"))
         assert '<a href="/docs">API</a>' in httpx.get(s.url + "/").text
+    finally:
+        s.stop()
+
+
+def test_any_asgi_server_from_the_environment(database: str, q: Queue) -> None:
+    env = {
+        **os.environ,
+        "PGDQ_DSN": database,
+        "PGDQ_ALLOWED_HOSTS": "pgdq.example.com, other.example",
+        "PGDQ_DOCS": "1",
+    }
+    s = Server([sys.executable, "-m", "uvicorn", "pgdq.http:app", "--host", "127.0.0.1"], env=env)
+    try:
+        stats = f"{s.url}/v1/queues/{q.name}/stats"
+        assert httpx.get(stats, headers={"host": "pgdq.example.com"}).status_code == 200
+        assert httpx.get(stats, headers={"host": "evil.example"}).status_code == 421
+        assert_guarded(httpx.get(s.url + "/docs"))
     finally:
         s.stop()

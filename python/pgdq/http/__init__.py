@@ -1,7 +1,8 @@
 """pgdq over HTTP: a stateless JSON API in front of the SQL functions.
 
 `pgdq serve` runs it on uvicorn; any ASGI server can run `pgdq.http:app`,
-configured from the environment (PGDQ_DSN, PGDQ_SCHEMA, PGDQ_TOKENS). Run
+configured from the environment (PGDQ_DSN, PGDQ_SCHEMA, PGDQ_TOKENS, and
+PGDQ_ALLOWED_HOSTS, PGDQ_DOCS as --allowed-host, comma-separated, and --docs). Run
 as many servers as you like behind a load balancer: every state is in
 PostgreSQL. docs/http.md describes the API.
 """
@@ -26,6 +27,8 @@ def __getattr__(name: str) -> Any:
         dsn=os.environ.get("PGDQ_DSN", ""),
         schema=os.environ.get("PGDQ_SCHEMA"),
         tokens=load_tokens(tokens) if tokens else None,
+        allowed_hosts=tuple(h.strip() for h in os.environ.get("PGDQ_ALLOWED_HOSTS", "").split(",") if h.strip()),
+        docs=os.environ.get("PGDQ_DOCS", "") not in ("", "0"),
     )
     made = globals()["app"] = create_app(settings)
     return made
