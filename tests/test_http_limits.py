@@ -100,6 +100,9 @@ def test_a_client_that_leaves_has_its_statement_cancelled(
         assert r.status_code == 200 and r.json()["ready"] == 1, r.text
         holder.rollback()
     assert q.get("k") is not None  # nothing was deleted
+    metrics = httpx.get(f"{s.url}/metrics", timeout=30).text
+    gone = 'method="DELETE",route="/v1/queues/{queue}/messages/{key}",status="499"} 3.0'
+    assert "pgdq_http_requests_total{" + gone in metrics, metrics  # counted as gone, not as 500
 
 
 @unsharded("locks a row of dq_messages, which lives on the partitions")

@@ -185,10 +185,15 @@ async def _no_body() -> dict[str, Any]:
     return {"type": "http.request", "body": b"", "more_body": False}
 
 
+# The status a request whose client went away is counted with (as nginx logs it); no one receives it.
+CLIENT_GONE = 499
+
+
 class CancelOnDisconnect:
     """ASGI middleware: a client that goes away before its answer is complete
     has its request cancelled (psycopg then cancels the running statement on
-    the server, so the pooled connection comes back idle)."""
+    the server, so the pooled connection comes back idle); the middleware
+    around it (metrics) sees CLIENT_GONE."""
 
     def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
         self.app = app
@@ -210,6 +215,8 @@ class CancelOnDisconnect:
             if (current is not None and current.cancelling()) or not exchange.disconnected.is_set():
                 raise
             log.info("%s %s: the client went away; its request was cancelled", scope["method"], scope["path"])
+            if not exchange.started:
+                await send({"type": "http.response.start", "status": CLIENT_GONE, "headers": []})
         finally:
             handler.cancel()
             watch.cancel()
@@ -230,7 +237,7 @@ class _Exchange:
         self._receive, self._send = receive, send
         self.pending: list[dict[str, Any]] = []
         self.body_read, self.disconnected = asyncio.Event(), asyncio.Event()
-        self.complete = False
+        self.started = self.complete = False
 
     async def receive(self) -> dict[str, Any]:
         """The next message for the app: the body's, then (waiting) the disconnect."""
@@ -247,7 +254,8 @@ class _Exchange:
         return message
 
     async def send(self, message: dict[str, Any]) -> None:
-        """Send message, noting when the answer is complete."""
+        """Send message, noting when the answer starts and when it is complete."""
+        self.started = True
         if message["type"] == "http.response.body" and not message.get("more_body", False):
             self.complete = True
         await self._send(message)
@@ -326,9 +334,9 @@ def create_app(settings: Settings) -> FastAPI:
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.include_router(metrics_router)
     app.state.request_metrics = RequestMetrics()
+    app.add_middleware(CancelOnDisconnect)
     app.add_middleware(app.state.request_metrics.middleware)
     app.add_middleware(BodyLimit, max_body=settings.max_body)
-    app.add_middleware(CancelOnDisconnect)
     # outermost: without tokens every Host is checked (DNS rebinding); with them, only if hosts are named
     check_host = settings.tokens is None or bool(settings.allowed_hosts)
     app.add_middleware(BrowserGuard, check_host=check_host, allowed_hosts=settings.allowed_hosts)
