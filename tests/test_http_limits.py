@@ -105,11 +105,20 @@ def test_a_client_that_leaves_has_its_statement_cancelled(
     assert "pgdq_http_requests_total{" + gone in metrics, metrics  # counted as gone, not as 500
 
 
+def timed_out_server(database: str, how: str) -> Server:
+    """A server whose statements may run 0.5 s: `pgdq serve`, or pgdq.http:app under plain uvicorn."""
+    if how == "pgdq serve":
+        return serve(database, "--statement-timeout", "0.5")
+    env = {**os.environ, "PGDQ_DSN": database, "PGDQ_STATEMENT_TIMEOUT": "0.5"}
+    return Server([sys.executable, "-m", "uvicorn", "pgdq.http:app"], env=env)
+
+
 @unsharded("locks a row of dq_messages, which lives on the partitions")
+@pytest.mark.parametrize("how", ["pgdq serve", "uvicorn"])
 def test_a_statement_over_the_timeout_answers_503(
-    database: str, queue_name: str, q: Queue, running: list[Server]
+    database: str, queue_name: str, q: Queue, running: list[Server], how: str
 ) -> None:
-    running.append(s := serve(database, "--statement-timeout", "0.5"))
+    running.append(s := timed_out_server(database, how))
     q.offer("k", 1)
     with psycopg.connect(owner(database, queue_name)) as holder:
         holder.execute("SELECT 1 FROM dq_messages WHERE queue = %s AND key = 'k' FOR UPDATE", (queue_name,))
@@ -135,6 +144,16 @@ def test_statement_timeout_must_be_positive_or_zero(database: str) -> None:
         timeout=30,
     )
     assert done.returncode == 2 and "--statement-timeout" in done.stderr
+    env = {**os.environ, "PGDQ_DSN": database, "PGDQ_STATEMENT_TIMEOUT": "soon"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import pgdq.http; pgdq.http.app"],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert "PGDQ_STATEMENT_TIMEOUT must be a number of seconds, 0 or more, not 'soon'" in done.stderr
 
 
 # 2. connections: capped, idle ones closed

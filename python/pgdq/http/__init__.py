@@ -2,7 +2,8 @@
 
 `pgdq serve` runs it on uvicorn; any ASGI server can run `pgdq.http:app`,
 configured from the environment (PGDQ_DSN, PGDQ_SCHEMA, PGDQ_TOKENS, and
-PGDQ_ALLOWED_HOSTS, PGDQ_DOCS as --allowed-host, comma-separated, and --docs). Run
+PGDQ_ALLOWED_HOSTS, PGDQ_DOCS as --allowed-host, comma-separated, and --docs;
+PGDQ_STATEMENT_TIMEOUT as --statement-timeout). Run
 as many servers as you like behind a load balancer: every state is in
 PostgreSQL. docs/http.md describes the API.
 """
@@ -29,6 +30,19 @@ def __getattr__(name: str) -> Any:
         tokens=load_tokens(tokens) if tokens else None,
         allowed_hosts=tuple(h.strip() for h in os.environ.get("PGDQ_ALLOWED_HOSTS", "").split(",") if h.strip()),
         docs=os.environ.get("PGDQ_DOCS", "") not in ("", "0"),
+        statement_timeout=_seconds("PGDQ_STATEMENT_TIMEOUT", Settings.statement_timeout),
     )
     made = globals()["app"] = create_app(settings)
     return made
+
+
+def _seconds(variable: str, default: float) -> float:
+    """The environment variable as seconds, 0 or more (default when unset); ValueError naming it otherwise."""
+    text = os.environ.get(variable, "").strip()
+    try:
+        seconds = float(text) if text else default
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"{variable} must be a number of seconds, 0 or more, not {text!r}")
+    return seconds
