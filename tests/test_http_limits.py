@@ -192,6 +192,11 @@ def test_a_request_head_that_never_ends_is_refused_after_16_kib(database: str, r
         assert sock.recv(100).startswith(b"HTTP/1.1 200 ")
 
 
+def test_the_faster_parser_on_request(database: str, running: list[Server]) -> None:
+    running.append(s := serve(database, "--http", "httptools"))  # up once it answers /openapi.json
+    assert httpx.get(s.url + "/v1/stats", timeout=30).status_code == 200
+
+
 # 3. the tokens file
 
 
