@@ -332,21 +332,29 @@ def test_a_queue_name_with_a_slash(database: str, running: list[Server]) -> None
 # 6. schedules at infinity
 
 
-@unsharded("writes dq_schedules, which lives on the partitions")
-def test_a_schedule_at_infinity(database: str, queue_name: str, api: httpx.Client) -> None:
+@pytest.fixture
+def endless_schedules(database: str, queue_name: str) -> Iterator[None]:
+    """Two schedules of this test's queue, at infinity and -infinity; removed after."""
     with psycopg.connect(owner(database, queue_name), autocommit=True) as c:
-        c.execute("SELECT dq_schedule_set(%s, 'never', '0 0 * * *')", (queue_name,))
-        c.execute("SELECT dq_schedule_set(%s, 'past', '0 0 * * *')", (queue_name,))
-        # what dq__materialise writes when an expression names no later time
-        c.execute("UPDATE dq_schedules SET next_at = 'infinity' WHERE queue = %s AND name = 'never'", (queue_name,))
-        c.execute("UPDATE dq_schedules SET next_at = '-infinity' WHERE queue = %s AND name = 'past'", (queue_name,))
+        for name, at in (("never", "infinity"), ("past", "-infinity")):
+            c.execute("SELECT dq_schedule_set(%s, %s, '0 0 * * *')", (queue_name, name))
+            # what dq__materialise writes when an expression names no later time
+            c.execute("UPDATE dq_schedules SET next_at = %s WHERE queue = %s AND name = %s", (at, queue_name, name))
+        yield
+        for name in ("never", "past"):
+            c.execute("SELECT dq_schedule_remove(%s, %s)", (queue_name, name))
+
+
+@unsharded("writes dq_schedules, which lives on the partitions")
+@pytest.mark.usefixtures("endless_schedules")
+def test_a_schedule_at_infinity(queue_name: str, api: httpx.Client) -> None:
     r = api.get(f"/v1/queues/{queue_name}/schedules")
     assert r.status_code == 200, r.text
     assert {s["name"]: s["next_at"] for s in r.json()} == {"never": "infinity", "past": "-infinity"}
     assert api.get(f"/v1/queues/{queue_name}/stats").status_code == 200
     page = api.get(f"/dashboard/queues/{queue_name}")
     assert page.status_code == 200, page.text
-    assert "never" in page.text
+    assert "<td>never</td>" in page.text and "<td>long ago</td>" in page.text
     assert api.get(f"/queues/{queue_name}").status_code == 200
 
 

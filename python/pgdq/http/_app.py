@@ -115,10 +115,12 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(psycopg.errors.QueryCanceled)
     async def statement_timeout(request: Request, e: psycopg.errors.QueryCanceled) -> JSONResponse:
-        # a statement over the statement timeout (a client that left is not answered at all)
+        # a statement over the statement timeout, or cancelled on the server (a client that left gets no answer)
         limit = request.app.state.settings.statement_timeout
-        log.warning("statement timeout: %s", e)
-        message = f"the statement ran over the statement timeout ({limit:g} s)"
+        log.warning("statement cancelled: %s", e)
+        message = "the statement was cancelled"
+        if limit:
+            message = f"the statement ran over the statement timeout ({limit:g} s)"
         return error_response(request.url.path, 503, message, e.sqlstate, headers={"Retry-After": "5"})
 
     @app.exception_handler(PoolTimeout)
