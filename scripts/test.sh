@@ -3,8 +3,17 @@
 # each suite twice: on a fresh install, and on 1.0.0 (as released) upgraded
 # in place (pgTAP also on 1.1.0 upgraded in place). Runs every step, reports
 # each, and exits non-zero if any failed.
+#   scripts/test.sh          everything (make test, what CI runs)
+#   scripts/test.sh check    the inner loop (make check): lint, pgTAP and pytest on
+#                            a fresh install only, without the suites that exist to
+#                            exercise other installs and deployments (QUICK_SKIPS)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+mode=${1:-all}
+# make check leaves these to make test: routers (PL/Proxy), failover (standby
+# pairs), fuzzing (schemathesis), the browser (Chromium) and the chaos runs.
+QUICK_SKIPS=(tests/test_shard.py tests/test_http_shard.py tests/test_failover.py tests/test_http_fuzz.py
+  tests/test_dashboard.py tests/chaos)
 
 failed=()
 step() {
@@ -29,6 +38,12 @@ step "generated sync code is current" .venv/bin/python python/tools/gen_sync.py 
 step "generated step script is current" .venv/bin/python python/tools/gen_upgrade.py --check
 fresh_db pgdq_tap
 step "pgTAP, fresh install (make installcheck)" env PGDATABASE=pgdq_tap make -s installcheck
+if [ "$mode" = check ]; then
+  step "pytest, fresh install (without: ${QUICK_SKIPS[*]})" env PGDQ_TEST_DB=pgdq_py .venv/bin/pytest -q tests \
+    "${QUICK_SKIPS[@]/#/--ignore=}"
+  if [ ${#failed[@]} -gt 0 ]; then echo "FAILED: ${failed[*]}"; exit 1; fi
+  echo "all check steps passed (make test runs everything)"; exit 0
+fi
 upgraded_db pgdq_tap_upgraded
 step "pgTAP, 1.0.0 upgraded in place" env PGDATABASE=pgdq_tap_upgraded make -s installcheck
 upgraded_db pgdq_tap_upgraded_1_1 1.1.0
