@@ -54,3 +54,9 @@ def make_tokens(path: Path, wanted: dict[str, tuple[list[str], list[str]]]) -> d
         args += [f"--scope={s}" for s in scopes] + [f"--queue={q}" for q in queues]
         made[name] = subprocess.run(args, check=True, capture_output=True, text=True).stdout.strip()
     return made
+
+
+def waiting_polls(api: httpx.Client) -> float:
+    """The server's long polls waiting now (its /metrics)."""
+    metrics = api.get("/metrics").text
+    return float(next(line.split()[1] for line in metrics.splitlines() if line.startswith("pgdq_http_waiting_polls")))

@@ -13,8 +13,9 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from http_server import Server, free_port, make_tokens, serve
+from http_server import Server, free_port, make_tokens, serve, waiting_polls
 from pgdq import Queue
+from waiting import wait_for
 
 
 def test_offer_poll_ack(api: httpx.Client, queue_name: str, q: Queue) -> None:
@@ -132,7 +133,7 @@ def test_long_poll_wakes_on_an_offer_and_holds_no_connection(
 
     waiting = threading.Thread(target=wait)
     waiting.start()
-    time.sleep(1.0)
+    wait_for(lambda: waiting_polls(api) == 1, "the poll to wait")
     with psycopg.connect(database, autocommit=True) as c:
         active = c.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"

@@ -16,8 +16,9 @@ import httpx
 import psycopg
 import pytest
 from conftest import ROOT
-from http_server import Server, make_tokens, serve
+from http_server import Server, make_tokens, serve, waiting_polls
 from pgdq import Queue
+from waiting import wait_for
 
 EMPTY = {"code": 0, "message": "ok", "data": None}
 
@@ -68,19 +69,6 @@ def test_pop_of_several_topics_takes_them_in_order(api: httpx.Client, queue_name
             Queue(topic, database).purge()
 
 
-def _waiting_polls(api: httpx.Client) -> float:
-    metrics = api.get("/metrics").text
-    return float(next(line.split()[1] for line in metrics.splitlines() if line.startswith("pgdq_http_waiting_polls")))
-
-
-def _wait_for(what: str, done: Any, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_long_poll_wakes_on_a_push_to_any_topic(api: httpx.Client, queue_name: str, database: str) -> None:
     a, b = queue_name + "_a", queue_name + "_b"
     answer: dict[str, Any] = {}
@@ -93,7 +81,7 @@ def test_long_poll_wakes_on_a_push_to_any_topic(api: httpx.Client, queue_name: s
     waiting = threading.Thread(target=pop)
     waiting.start()
     try:
-        _wait_for("the pop to wait on both topics", lambda: _waiting_polls(api) >= 2)
+        wait_for(lambda: waiting_polls(api) >= 2, "the pop to wait on both topics")
         call(api, "/push", topic=b, id="wake", body="up")
         waiting.join(30)
         assert answer["got"] == (200, {**EMPTY, "data": {"id": "wake", "body": "up"}})

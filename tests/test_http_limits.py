@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,16 +24,7 @@ from conftest import ROOT, install_extension, owner, start_cluster, unsharded
 from http_server import Server, free_port, make_tokens, serve
 from pgdq import Queue
 from psycopg import sql
-
-
-def until(condition: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    """Poll condition until it is truthy; fail naming what after timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+from waiting import wait_for
 
 
 @pytest.fixture
@@ -91,17 +82,17 @@ def test_a_client_that_leaves_has_its_statement_cancelled(
     with psycopg.connect(owner(database, queue_name)) as holder:  # a transaction holding the row
         holder.execute("SELECT 1 FROM dq_messages WHERE queue = %s AND key = 'k' FOR UPDATE", (queue_name,))
         clients = [send_raw(s.url, "DELETE", f"/v1/queues/{queue_name}/messages/k") for _ in range(3)]
-        until(lambda: backends(database, waiting) == 3, "3 requests waiting on the lock")
+        wait_for(lambda: backends(database, waiting) == 3, "3 requests waiting on the lock")
         for c in clients:
             c.close()
-        until(lambda: backends(database, waiting) == 0, "the server to cancel the statements of the clients gone")
-        until(lambda: backends(database, "state = 'active'") == 0, "the server's connections idle again")
+        wait_for(lambda: backends(database, waiting) == 0, "the server to cancel the statements of the clients gone")
+        wait_for(lambda: backends(database, "state = 'active'") == 0, "the server's connections idle again")
         r = httpx.get(f"{s.url}/v1/queues/{queue_name}/stats", timeout=30)  # the pool serves a fresh request
         assert r.status_code == 200 and r.json()["ready"] == 1, r.text
         holder.rollback()
     assert q.get("k") is not None  # nothing was deleted
     gone = 'pgdq_http_requests_total{method="DELETE",route="/v1/queues/{queue}/messages/{key}",status="499"} 3.0'
-    until(lambda: gone in httpx.get(f"{s.url}/metrics", timeout=30).text, "3 requests counted as gone, not as 500")
+    wait_for(lambda: gone in httpx.get(f"{s.url}/metrics", timeout=30).text, "3 requests counted as gone, not as 500")
 
 
 def timed_out_server(database: str, how: str) -> Server:
@@ -167,7 +158,7 @@ def test_connections_over_the_limit_get_503(database: str, running: list[Server]
     assert statuses[0] == 200 and 503 in statuses, statuses
     for sock in opened:
         sock.close()
-    until(lambda: httpx.get(s.url + "/openapi.json", timeout=30).status_code == 200, "a free connection again")
+    wait_for(lambda: httpx.get(s.url + "/openapi.json", timeout=30).status_code == 200, "a free connection again")
 
 
 def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(database: str, running: list[Server]) -> None:
@@ -394,7 +385,7 @@ def test_every_pooled_connection_works_after_a_database_restart(
         holder.commit()
         holder.execute("SELECT 1 FROM dq_messages WHERE queue = 'r' AND key = 'k' FOR UPDATE")
         clients = [send_raw(s.url, "DELETE", "/v1/queues/r/messages/k") for _ in range(3)]
-        until(lambda: backends(dsn, "wait_event_type = 'Lock'") == 3, "3 pooled connections in use")
+        wait_for(lambda: backends(dsn, "wait_event_type = 'Lock'") == 3, "3 pooled connections in use")
         holder.rollback()
     assert sorted(answer_status(c) for c in clients) == [200, 404, 404]
     subprocess.run([str(ROOT / "scripts/pgcluster.sh"), "restart", "test-http-restart"], check=True)

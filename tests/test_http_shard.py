@@ -14,8 +14,9 @@ import httpx
 import psycopg
 import pytest
 from conftest import DB, dsn, partition_databases, recreate_database, unsharded
-from http_server import Server, serve
+from http_server import Server, serve, waiting_polls
 from pgdq import Queue, shard
+from waiting import wait_for
 
 pytestmark = [
     pytest.mark.skipif(
@@ -57,20 +58,6 @@ def one_queue_per_partition(router: str) -> list[str]:
     return [owned[0], owned[1]]
 
 
-def waiting_polls(api: httpx.Client) -> float:
-    """The server's long polls waiting now (its /metrics)."""
-    metrics = api.get("/metrics").text
-    return float(next(line.split()[1] for line in metrics.splitlines() if line.startswith("pgdq_http_waiting_polls")))
-
-
-def wait_for(what: str, done: Any, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_a_long_poll_through_a_router_wakes_on_an_offer_on_each_partition(routed: Server, router: str) -> None:
     names = one_queue_per_partition(router)
     answers: dict[str, tuple[float, Any]] = {}
@@ -86,7 +73,7 @@ def test_a_long_poll_through_a_router_wakes_on_an_offer_on_each_partition(routed
         for poller in pollers:
             poller.start()
         try:
-            wait_for("both polls to wait", lambda: waiting_polls(api) >= 2)
+            wait_for(lambda: waiting_polls(api) >= 2, "both polls to wait")
             for name in names:
                 with Queue(name, router) as q:
                     q.offer("wake", name)

@@ -22,7 +22,8 @@ from conftest import DB
 from pgbouncer import BINARY, PgBouncer
 from pgdq import AsyncDelivery, Client, CronService, Message, Queue, Worker
 from psycopg_pool import ConnectionPool
-from test_worker import outstanding, running, wait_for
+from test_worker import running
+from waiting import outstanding, wait_for
 
 pytestmark = pytest.mark.skipif(
     not Path(BINARY).exists(), reason="Debian pgbouncer not installed (make deps installs it)"

@@ -23,7 +23,8 @@ import pytest
 from conftest import DB, ROOT, dsn, install_extension, recreate_database
 from pgdq import AsyncDelivery, Queue, Worker
 from psycopg import sql
-from test_worker import running, wait_for
+from test_worker import running
+from waiting import wait_for
 
 TAG = secrets.token_hex(4)
 PRODUCER = f"pgdq_sec_producer_{TAG}"

@@ -13,7 +13,8 @@ from typing import Any
 
 import psycopg
 from pgdq import AsyncDelivery, Queue, Worker
-from test_worker import running, wait_for
+from test_worker import running
+from waiting import wait_for
 
 SOON = timedelta(minutes=10)  # a head far enough away that only a wake-up explains a quick delivery
 

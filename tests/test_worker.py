@@ -14,7 +14,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -26,6 +26,7 @@ import pytest
 from conftest import ROOT, owner
 from pgdq import AsyncDelivery, Message, Queue
 from pgdq.worker import Backoff, Retry, Route, Worker, handler, lease_lost, without_password
+from waiting import outstanding, wait_for
 
 NOW = datetime(2020, 1, 1, tzinfo=UTC)  # offered in the past: due at once
 
@@ -43,23 +44,6 @@ def running(worker: Worker) -> Iterator[Worker]:
         worker.stop()
         thread.join(30)
     assert not thread.is_alive() and codes == [0], "the worker stops cleanly with 0"
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    """Poll condition until it is truthy; fail naming what after timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"timed out waiting for {what}")
-
-
-def outstanding(queue: Any, *states: str) -> int:
-    """The messages of queue in the given states, from one stats() snapshot
-    (separate calls can each miss a message that moves between them)."""
-    stats = queue.stats()
-    return sum(getattr(stats, state) for state in states)
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ import httpx
 from http_server import free_port
 from pgdq import Queue
 from prometheus_client.parser import text_string_to_metric_families
-from test_worker import outstanding, wait_for, worker_process
+from test_worker import worker_process
+from waiting import outstanding, wait_for
 
 # ok: acked; retry: asks once for a retry, then acked; boom: fails twice
 # (--max-attempts 2: retried after the backoff, then dead-lettered)
