@@ -1,0 +1,146 @@
+"""`pgdq serve` attacked as it runs: what a client that chooses its own
+request line, headers and body may make the service keep or tell
+(each test against a real server)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from http_server import Server, make_tokens, serve
+from pgdq import Queue
+
+METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "other"}
+
+
+def _method_labels(metrics: str) -> set[str]:
+    """The method label values of pgdq_http_requests_total in a /metrics text."""
+    labels = set()
+    for line in metrics.splitlines():
+        if line.startswith("pgdq_http_requests_total{"):
+            labels.add(line.split('method="', 1)[1].split('"', 1)[0])
+    return labels
+
+
+def test_made_up_methods_add_no_metric_series(api: httpx.Client) -> None:
+    """Any client may send any method to a route (405): each one it makes up must
+    not become a series of its own, or it grows the server's memory and /metrics
+    without bound; they are counted as method "other"."""
+    invented = [f"PGDQ-ATTACK-{i}" for i in range(5)]
+    for method in invented:
+        assert api.request(method, "/v1/stats").status_code == 405
+    labels = _method_labels(api.get("/metrics").text)
+    assert labels <= METHODS, labels - METHODS
+    assert "other" in labels
+
+
+# Every route, refused alike whether what it names exists or not
+
+
+@pytest.fixture(scope="module")
+def guarded(database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict[str, str]]]:
+    """A server with tokens: admin (every queue), other (every scope on another queue only),
+    expired (admin, expired a second ago); the secrets by name."""
+    path = tmp_path_factory.mktemp("tokens") / "tokens.json"
+    wanted = {"admin": (["admin"], []), "other": (["admin"], ["another-queue"]), "expired": (["admin"], [])}
+    secrets = make_tokens(path, wanted)
+    data = json.loads(path.read_text())
+    data["tokens"][2]["expires"] = (datetime.now(UTC) - timedelta(seconds=1)).isoformat()
+    path.write_text(json.dumps(data))
+    s = serve(database, "--tokens", str(path))
+    yield s, secrets
+    s.stop()
+
+
+def _bodies(lock_token: str) -> dict[tuple[str, str], Any]:
+    """A valid body of each route of /v1 that takes one (by method and the path's last segments)."""
+    return {
+        ("POST", "messages"): {"key": "k", "payload": 1},
+        ("POST", "messages/batch"): {"messages": [{"key": "k", "payload": 1}]},
+        ("POST", "poll"): {"max": 1},
+        ("POST", "ack"): {"lock_tokens": [lock_token]},
+        ("POST", "nack"): {"lock_token": lock_token},
+        ("POST", "extend"): {"lock_token": lock_token, "lease": 10},
+        ("POST", "dead-letters/redrive"): {},
+        ("POST", "dead-letters/purge"): {"all": True},
+        ("PUT", "schedules/{name}"): {"expression": "0 0 1 1 *", "payload": 1},
+        ("PUT", "channels/{channel}"): {"max_concurrency": 1},
+    }
+
+
+DASHBOARD = [
+    ("GET", "/queues/{queue}"),
+    ("GET", "/dashboard/queues/{queue}"),
+    ("POST", "/dashboard/queues/{queue}/dead-letters/redrive"),
+    ("POST", "/dashboard/queues/{queue}/dead-letters/purge?all=true"),
+]
+
+
+def _routes(url: str, lock_token: str) -> list[tuple[str, str, Any]]:
+    """(method, path template, body) of every route of /openapi.json and of the dashboard's that names a queue."""
+    bodies = _bodies(lock_token)
+    routes: list[tuple[str, str, Any]] = [(m, p, None) for m, p in DASHBOARD]
+    for path, operations in httpx.get(url + "/openapi.json").json()["paths"].items():
+        for method, operation in operations.items() if "{queue}" in path else ():
+            tail = path.split("/queues/{queue}/", 1)[-1]
+            body = bodies.get((method.upper(), tail))
+            assert body is not None or "requestBody" not in operation, f"no body for {method} {path}: add one"
+            routes.append((method.upper(), path, body))
+    return routes
+
+
+def _state(s: Server, admin: str, queue: str) -> list[Any]:
+    """What the admin token reads of queue: its stats, message k, dead letters, schedules, channels."""
+    h = {"authorization": f"Bearer {admin}"}
+    reads = ["stats", "messages/k", "dead-letters", "schedules", "channels"]
+    return [httpx.get(f"{s.url}/v1/queues/{queue}/{r}", headers=h).json() for r in reads]
+
+
+def test_every_route_refuses_alike_whether_its_queue_exists(
+    guarded: tuple[Server, dict[str, str]], queue_name: str, q: Queue
+) -> None:
+    """Each route of /openapi.json and of the dashboard, for no token, an expired
+    token, a token of another queue (bearer, and as the cookie from the
+    dashboard's own page): 401 / 403 (303 to the login form for a page), the
+    same answer for a queue holding a message, a lease, a dead letter, a
+    schedule and a channel as for a queue that does not exist, never naming
+    the queue, and nothing of the queue changed."""
+    s, secrets = guarded
+    q.offer_many([("k", 1), ("leased", 2), ("dead", 3)])
+    leased, dead = q.poll_many(2, lease=600)
+    dead.dead_letter("boom")
+    q.schedule("s", "0 0 1 1 *", "UTC", 1)
+    q.set_channel("c", max_concurrency=1)
+    before = _state(s, secrets["admin"], queue_name)
+    missing = f"missing-{queue_name}"[:100]
+    same_page = {"origin": s.url, "sec-fetch-site": "same-origin"}
+    callers: dict[str, dict[str, Any]] = {
+        "no token": {},
+        "expired": {"headers": {"authorization": f"Bearer {secrets['expired']}"}},
+        "other queue": {"headers": {"authorization": f"Bearer {secrets['other']}"}},
+        "other queue, cookie": {"headers": same_page, "cookies": {"pgdq_token": secrets["other"]}},
+    }
+    routes = _routes(s.url, str(leased.lock_token))
+    assert len(routes) >= 22, routes
+    clients = {who: httpx.Client(base_url=s.url, cookies=how.get("cookies")) for who, how in callers.items()}
+    for method, template, body in routes:
+        for who, how in callers.items():
+            answers = []
+            for queue in (queue_name, missing):
+                path = template.format(queue=queue, key="k", name="s", channel="c")
+                r = clients[who].request(method, path, json=body, headers=how.get("headers"))
+                answers.append((r.status_code, r.text.replace(missing, queue_name)))
+                assert r.status_code in (401, 403, 303), (who, method, path, r.status_code, r.text)
+            assert answers[0] == answers[1], (who, method, template, answers)
+            assert queue_name not in answers[0][1], (who, method, template, answers[0])
+    assert _state(s, secrets["admin"], queue_name) == before
+    for path in ("/v1/stats", "/v1/dead-letters", "/metrics"):
+        for who, how in callers.items():
+            r = clients[who].get(path, headers=how.get("headers"))
+            assert r.status_code in (401, 403) and queue_name not in r.text, (who, path, r.status_code)
+    for client in clients.values():
+        client.close()
