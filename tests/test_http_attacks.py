@@ -5,14 +5,16 @@ request line, headers and body may make the service keep or tell
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
-from http_server import Server, make_tokens, serve
+from http_server import Server, make_tokens, serve, waiting_polls
 from pgdq import Queue
+from waiting import wait_for
 
 METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "other"}
 
@@ -144,3 +146,30 @@ def test_every_route_refuses_alike_whether_its_queue_exists(
             assert r.status_code in (401, 403) and queue_name not in r.text, (who, path, r.status_code)
     for client in clients.values():
         client.close()
+
+
+# The server's log
+
+
+def test_a_path_cannot_forge_lines_of_the_servers_log(database: str) -> None:
+    """A request cancelled because its client left is logged with its path; a
+    path may hold %0A (a queue name may), which must not start a line of the
+    client's choosing in the log (it is logged percent-encoded, as uvicorn's
+    access log does)."""
+    s = serve(database)
+    try:
+        path = "/v1/queues/forged%0AERROR%20pgdq.http:%20forged/poll"
+        body = b'{"wait": 30}'
+        head = f"POST {path} HTTP/1.1\r\nHost: {s.url[7:]}\r\ncontent-type: application/json\r\n"
+        host, port = s.url[7:].split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(f"{head}content-length: {len(body)}\r\n\r\n".encode() + body)
+            with httpx.Client(base_url=s.url) as api:
+                wait_for(lambda: waiting_polls(api) == 1, "the long poll to wait")
+        gone = 'pgdq_http_requests_total{method="POST",route="/v1/queues/{queue}/poll",status="499"} 1.0'
+        wait_for(lambda: gone in httpx.get(f"{s.url}/metrics").text, "the poll counted as its client gone")
+    finally:
+        s.stop()
+    log = s.process.stderr.read() if s.process.stderr else ""
+    assert "the client went away" in log, log
+    assert not any(line.startswith("ERROR pgdq.http: forged") for line in log.splitlines()), log

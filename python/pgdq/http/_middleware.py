@@ -7,6 +7,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 from ._access import error_response
 
@@ -91,7 +92,9 @@ class CancelOnDisconnect:
             current = asyncio.current_task()
             if (current is not None and current.cancelling()) or not exchange.disconnected.is_set():
                 raise
-            log.info("%s %s: the client went away; its request was cancelled", scope["method"], scope["path"])
+            # the path percent-encoded (as uvicorn's access log has it): a %0A in it starts no line of the log
+            path = quote(scope["path"])
+            log.info("%s %s: the client went away; its request was cancelled", scope["method"], path)
             if not exchange.started:
                 await send({"type": "http.response.start", "status": CLIENT_GONE, "headers": []})
         finally:
