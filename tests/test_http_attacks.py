@@ -173,3 +173,27 @@ def test_a_path_cannot_forge_lines_of_the_servers_log(database: str) -> None:
     log = s.process.stderr.read() if s.process.stderr else ""
     assert "the client went away" in log, log
     assert not any(line.startswith("ERROR pgdq.http: forged") for line in log.splitlines()), log
+
+
+# What a browser or a proxy keeps
+
+
+def test_answers_with_queue_data_are_not_stored(guarded: tuple[Server, dict[str, str]], queue_name: str) -> None:
+    """A dashboard page read with the login cookie, or the API read with a
+    token, must not be kept by the browser (its back button after Sign out
+    on a shared computer) or a proxy: Cache-Control: no-store. The
+    dashboard's static files may be kept."""
+    s, secrets = guarded
+    cookie = {"pgdq_token": secrets["admin"]}
+    bearer = {"authorization": f"Bearer {secrets['admin']}"}
+    answers = [
+        httpx.get(f"{s.url}/", cookies=cookie),
+        httpx.get(f"{s.url}/dashboard/queues", cookies=cookie),
+        httpx.get(f"{s.url}/dashboard/queues/{queue_name}", cookies=cookie),
+        httpx.get(f"{s.url}/v1/stats", headers=bearer),
+        httpx.get(f"{s.url}/metrics", headers=bearer),
+    ]
+    for r in answers:
+        assert r.status_code == 200 and r.headers.get("cache-control") == "no-store", (r.url, r.headers)
+    static = httpx.get(f"{s.url}/static/dashboard.js")
+    assert static.status_code == 200 and "no-store" not in static.headers.get("cache-control", "")

@@ -2,7 +2,8 @@
 refuses a request whose Host is not an address the service answers to (DNS
 rebinding), refuses an unsafe-method request sent from another site or
 origin (CSRF), and adds the headers that keep pages out of frames and
-scripts to the service's own files (CSP, X-Frame-Options, nosniff).
+scripts to the service's own files (CSP, X-Frame-Options, nosniff) and
+answers out of caches (Cache-Control: no-store; /static's files excepted).
 
 The CSRF rule, for every method but GET, HEAD and OPTIONS:
 - a request with an `Authorization: Bearer` header passes: a page on
@@ -44,6 +45,9 @@ HEADERS = {
     "referrer-policy": "same-origin",
     "cross-origin-resource-policy": "same-origin",
 }
+# Every answer but the dashboard's static files: no browser or proxy keeps queue data (the back button after Sign out).
+NO_STORE = {**HEADERS, "cache-control": "no-store"}
+STATIC_PREFIX = "/static/"
 
 
 def split_host(host: str, default_port: int | None) -> tuple[str, int | None]:
@@ -131,10 +135,12 @@ class BrowserGuard:
             await self.app(scope, receive, send)
             return
 
+        added = HEADERS if scope["path"].startswith(STATIC_PREFIX) else NO_STORE
+
         async def with_headers(message: Any) -> None:
             if message["type"] == "http.response.start":
                 present = {name.lower() for name, _ in message.get("headers", [])}
-                extra = [(k.encode(), v.encode()) for k, v in HEADERS.items() if k.encode() not in present]
+                extra = [(k.encode(), v.encode()) for k, v in added.items() if k.encode() not in present]
                 message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
 
