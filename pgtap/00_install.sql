@@ -214,16 +214,22 @@ SELECT ok(dq_now() > now(), 'dq_now() is clock_timestamp(), not the transaction 
 -- dq.now must be a finite timestamp (api-v1.1)
 SELECT set_config('dq.now', 'infinity', TRUE);
 SELECT throws_ok(
-    $$SELECT dq_now()$$, '22023', 'pgdq: dq.now must be a finite timestamp, got ''infinity''', 'an infinite dq.now is 22023'
+    $$SELECT dq_now()$$, '22023', 'pgdq: dq.now must be a finite timestamp in years 1 to 9999 UTC, got ''infinity''',
+    'an infinite dq.now is 22023'
 );
 SELECT throws_ok($$SELECT dq_offer('t_inst', 'k', '1')$$, '22023', NULL, 'and every function raises it');
 SELECT set_config('dq.now', 'next tuesday', TRUE);
 SELECT throws_ok(
-    $$SELECT * FROM dq_poll('t_inst')$$, '22023', 'pgdq: dq.now must be a finite timestamp, got ''next tuesday''',
+    $$SELECT * FROM dq_poll('t_inst')$$, '22023',
+    'pgdq: dq.now must be a finite timestamp in years 1 to 9999 UTC, got ''next tuesday''',
     'an unparsable dq.now is 22023'
 );
 SELECT set_config('dq.now', 'infinity', TRUE);
-SELECT throws_ok(c.call, '22023', 'pgdq: dq.now must be a finite timestamp, got ''infinity''', c.call || ' checks dq.now too')
+SELECT
+    throws_ok(
+        c.call, '22023', 'pgdq: dq.now must be a finite timestamp in years 1 to 9999 UTC, got ''infinity''',
+        c.call || ' checks dq.now too'
+    )
 FROM (
     VALUES
     ($$SELECT dq_ack('00000000-0000-0001-0000-000000000000')$$),

@@ -112,11 +112,11 @@ SELECT is(dq_offer(repeat('q', 100), repeat('k', 200), '1'), 'created', '100-cha
 -- infinite times (api-v1.1)
 SELECT throws_ok(
     $$SELECT dq_offer('t_offer', 'inf', '1', 'infinity')$$, '22023',
-    'pgdq: scheduled_at must be a finite time, got infinity', 'an infinite scheduled_at is 22023'
+    'pgdq: scheduled_at must be a time in years 1 to 9999 UTC, got infinity', 'an infinite scheduled_at is 22023'
 );
 SELECT throws_ok(
     $$SELECT dq_offer('t_offer', 'inf', '1', '-infinity')$$, '22023',
-    'pgdq: scheduled_at must be a finite time, got -infinity', 'so is -infinity'
+    'pgdq: scheduled_at must be a time in years 1 to 9999 UTC, got -infinity', 'so is -infinity'
 );
 SELECT is((SELECT count(*)::int FROM dq_get('t_offer', 'inf')), 0, 'and nothing was written');
 

@@ -96,7 +96,7 @@ SELECT is((
 -- infinite times (api-v1.1)
 SELECT throws_ok(
     $$SELECT * FROM dq_offer_many('t_many_inf', ARRAY['a', 'b'], ARRAY['1', '2']::jsonb[], ARRAY[now(), 'infinity'])$$, '22023',
-    'pgdq: scheduled_ats[2] must be a finite time, got infinity', 'an infinite element is 22023 naming it'
+    'pgdq: scheduled_ats[2] must be a time in years 1 to 9999 UTC, got infinity', 'an infinite element is 22023 naming it'
 );
 SELECT is((
     SELECT count(*)::int FROM dq_stats('t_many_inf')

@@ -79,7 +79,7 @@ SELECT throws_ok(
 );
 SELECT throws_ok(
     $$SELECT * FROM dq_poll_many('t_poll', 5, '300000 years')$$, '22023',
-    'pgdq: lease 300000 years ends beyond the timestamp range', 'a lease past the timestamp range'
+    'pgdq: lease 300000 years ends after year 9999 UTC', 'a lease past the timestamp range'
 );
 SELECT throws_ok(
     $$SELECT * FROM dq_ack_poll('{}', 't_poll', 5, '1 mon -29 days')$$, '22023', NULL, 'dq_ack_poll checks its lease too'

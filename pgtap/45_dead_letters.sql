@@ -98,7 +98,7 @@ SELECT throws_ok($$SELECT * FROM dq_dead_list('', 10)$$, '22023', NULL, 'dead_li
 -- infinite times (api-v1.1)
 SELECT throws_ok(
     $$SELECT dq_dead_redrive('t_dl', NULL, 'infinity')$$, '22023',
-    'pgdq: scheduled_at must be a finite time, got infinity', 'redrive to an infinite time is 22023'
+    'pgdq: scheduled_at must be a time in years 1 to 9999 UTC, got infinity', 'redrive to an infinite time is 22023'
 );
 
 -- a bury says how the last delivery ended: nacked, or its lease expired

@@ -122,7 +122,7 @@ SELECT throws_ok(
 SELECT throws_ok($$SELECT * FROM dq_peek(NULL)$$, '22004', 'pgdq: queue must not be NULL', 'queue NULL: 22004');
 SELECT set_config('dq.now', 'infinity', TRUE);
 SELECT throws_ok(
-    $$SELECT * FROM dq_peek('t_peek_none')$$, '22023', 'pgdq: dq.now must be a finite timestamp, got ''infinity''',
+    $$SELECT * FROM dq_peek('t_peek_none')$$, '22023', 'pgdq: dq.now must be a finite timestamp in years 1 to 9999 UTC, got ''infinity''',
     'an invalid dq.now fails it, row or no row'
 );
 

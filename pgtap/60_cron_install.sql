@@ -139,7 +139,7 @@ SELECT is((
 -- infinite occurrences (api-v1.1)
 SELECT throws_ok(
     $$SELECT dq_cron_install('t_cron_inf', 'p', 'h', ARRAY['2030-01-01', 'infinity']::timestamptz [], ARRAY['1', '2']::jsonb[])$$,
-    '22023', 'pgdq: scheduled_ats[2] must be a finite time, got infinity', 'an infinite occurrence is 22023'
+    '22023', 'pgdq: scheduled_ats[2] must be a time in years 1 to 9999 UTC, got infinity', 'an infinite occurrence is 22023'
 );
 SELECT is((
     SELECT count(*)::int FROM dq_stats('t_cron_inf')

@@ -16,9 +16,18 @@ DROP FUNCTION dq_nack(uuid, timestamptz, jsonb, text);
 DROP FUNCTION dq_extend(uuid, interval);
 DROP FUNCTION dq_dead_letter(uuid, text);
 
+-- Times are readable (1.2): every time pgdq accepts, stores or returns lies
+-- in years 1 to 9999 UTC. A schedule whose next occurrence would fall past
+-- them ends (next_at NULL), so the column takes NULL.
+ALTER TABLE dq_schedules ALTER COLUMN next_at DROP NOT NULL;
+-- Their checkers: dq__check_time and dq__check_time_elements (range, not
+-- only finiteness) replace dq__check_finite and dq__check_finite_elements.
+DROP FUNCTION dq__check_finite(timestamptz, text);
+DROP FUNCTION dq__check_finite_elements(timestamptz[], text);
+
 -- Every function of 1.2.0, as sql/src defines it.
 -- The time dq.now pins the clock to (STRICT: never called when it is unset);
--- 22023 unless it is a finite timestamp.
+-- 22023 unless it is a timestamp in the readable range (dq__valid_time).
 CREATE OR REPLACE FUNCTION dq__pinned_now(setting text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE STRICT
 AS $$
@@ -30,10 +39,12 @@ BEGIN
     EXCEPTION WHEN data_exception THEN  -- unparsable or out of range
         v_at := NULL;
     END;
-    IF v_at IS NULL OR NOT pg_catalog.isfinite(v_at) THEN
+    IF v_at IS NULL OR NOT @extschema@.dq__valid_time(v_at) THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
-            MESSAGE = pg_catalog.format('pgdq: dq.now must be a finite timestamp, got %L', setting);
+            MESSAGE = pg_catalog.format(
+                'pgdq: dq.now must be a finite timestamp in years 1 to 9999 UTC, got %L', setting
+            );
     END IF;
     RETURN v_at;
 END
@@ -220,8 +231,85 @@ BEGIN
 END
 $$;
 
--- True when a lease taken at now_at ends after now_at, within the timestamp
--- range (docs/sql-reference.md). Hot paths test this (it inlines) and call
+-- The readable range of times: from the start of year 1 to the end of year
+-- 9999 UTC, what every common client library can read (Python's datetime,
+-- Java's Instant in most drivers, JavaScript's Date). Every time a function
+-- accepts, stores or returns lies in it (docs/sql-reference.md, Times).
+-- The first time in the range.
+CREATE OR REPLACE FUNCTION dq__time_min() RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT '0001-01-01 00:00:00+00'::pg_catalog.timestamptz $$;
+
+-- The first time after the range.
+CREATE OR REPLACE FUNCTION dq__time_end() RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT '10000-01-01 00:00:00+00'::pg_catalog.timestamptz $$;
+
+-- True when at is NULL or in the readable range (inlines, for hot paths).
+CREATE OR REPLACE FUNCTION dq__valid_time(at timestamptz) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT at IS NULL
+        OR (
+            at OPERATOR(pg_catalog.>=) @extschema@.dq__time_min()
+            AND at OPERATOR(pg_catalog.<) @extschema@.dq__time_end()
+        )
+$$;
+
+-- The time in the readable range nearest to at (NULL stays NULL): what the
+-- 1.2 step makes of times stored before the range was enforced.
+CREATE OR REPLACE FUNCTION dq__clamp_time(at timestamptz) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN at OPERATOR(pg_catalog.<) @extschema@.dq__time_min() THEN @extschema@.dq__time_min()
+        WHEN at OPERATOR(pg_catalog.>=) @extschema@.dq__time_end()
+            THEN '9999-12-31 23:59:59.999999+00'::pg_catalog.timestamptz
+        ELSE at
+    END
+$$;
+
+-- Raise 22023 naming arg_name unless at is NULL or in the readable range.
+-- VOLATILE, as every raising check should be: the planner folds an
+-- IMMUTABLE or STABLE call with constant arguments ahead of time, even one
+-- that a CASE or WHERE would never reach, and would raise for it.
+CREATE OR REPLACE FUNCTION dq__check_time(at timestamptz, arg_name text) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF NOT @extschema@.dq__valid_time(at) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format(
+                'pgdq: %s must be a time in years 1 to 9999 UTC, got %s', arg_name, at
+            );
+    END IF;
+END
+$$;
+
+-- Raise 22023 naming the first element of ats outside the readable range
+-- (NULL ones pass).
+CREATE OR REPLACE FUNCTION dq__check_time_elements(ats timestamptz[], arg_name text) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_bad bigint;
+BEGIN
+    -- the usual batch has none: two scans in C before any unnest
+    IF @extschema@.dq__time_min() OPERATOR(pg_catalog.>) ANY(ats)
+        OR @extschema@.dq__time_end() OPERATOR(pg_catalog.<=) ANY(ats) THEN
+        SELECT a.ord INTO v_bad
+        FROM pg_catalog.unnest(ats) WITH ORDINALITY AS a (at, ord)
+        WHERE NOT @extschema@.dq__valid_time(a.at)
+        ORDER BY a.ord
+        LIMIT 1;
+        PERFORM @extschema@.dq__check_time(ats[v_bad], pg_catalog.format('%s[%s]', arg_name, v_bad));
+    END IF;
+END
+$$;
+
+-- True when a lease taken at now_at ends after now_at, within the readable
+-- range (dq__valid_time). Hot paths test this (it inlines) and call
 -- dq__check_lease only when it fails; CASE keeps the sum from overflowing.
 -- STABLE, like timestamptz + interval: an IMMUTABLE one would not inline.
 CREATE OR REPLACE FUNCTION dq__valid_lease(lease interval, now_at timestamptz) RETURNS boolean
@@ -230,16 +318,17 @@ AS $$
     SELECT CASE
         WHEN lease OPERATOR(pg_catalog.>) '0'::pg_catalog.interval
             AND lease OPERATOR(pg_catalog.<) '1000 years'::pg_catalog.interval
-            AND now_at OPERATOR(pg_catalog.<) '100000-01-01'::pg_catalog.timestamptz
+            AND now_at OPERATOR(pg_catalog.<) @extschema@.dq__time_end()
             THEN (now_at OPERATOR(pg_catalog.+) lease) OPERATOR(pg_catalog.>) now_at
+                AND (now_at OPERATOR(pg_catalog.+) lease) OPERATOR(pg_catalog.<) @extschema@.dq__time_end()
         ELSE FALSE
     END
 $$;
 
 -- Raise 22004/22023 unless a lease taken at now_at ends after now_at and
--- within the timestamp range.
+-- within the readable range (VOLATILE: see dq__check_time).
 CREATE OR REPLACE FUNCTION dq__check_lease(lease interval, now_at timestamptz) RETURNS void
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_until timestamptz;
@@ -255,50 +344,18 @@ BEGIN
     EXCEPTION WHEN datetime_field_overflow THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
-            MESSAGE = pg_catalog.format('pgdq: lease %s ends beyond the timestamp range', lease);
+            MESSAGE = pg_catalog.format('pgdq: lease %s ends after year 9999 UTC', lease);
     END;
+    IF v_until OPERATOR(pg_catalog.>=) @extschema@.dq__time_end() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('pgdq: lease %s from %s ends after year 9999 UTC', lease, now_at);
+    END IF;
     IF v_until OPERATOR(pg_catalog.<=) now_at THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
             MESSAGE = pg_catalog.format(
                 'pgdq: lease must end after now, but %s from %s ends at %s', lease, now_at, v_until
-            );
-    END IF;
-END
-$$;
-
--- Raise 22023 naming the argument when at is infinite (NULL passes).
-CREATE OR REPLACE FUNCTION dq__check_finite(at timestamptz, arg_name text) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
-BEGIN
-    IF NOT pg_catalog.isfinite(at) THEN
-        RAISE EXCEPTION USING
-            ERRCODE = '22023',
-            MESSAGE = pg_catalog.format('pgdq: %s must be a finite time, got %s', arg_name, at);
-    END IF;
-END
-$$;
-
--- Raise 22023 naming the first infinite element of ats (NULL ones pass).
-CREATE OR REPLACE FUNCTION dq__check_finite_elements(ats timestamptz[], arg_name text) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
-DECLARE
-    v_bad bigint;
-BEGIN
-    -- the usual batch has none: two scans in C before any unnest
-    IF 'infinity'::pg_catalog.timestamptz OPERATOR(pg_catalog.=) ANY(ats)
-        OR '-infinity'::pg_catalog.timestamptz OPERATOR(pg_catalog.=) ANY(ats) THEN
-        SELECT a.ord INTO v_bad
-        FROM pg_catalog.unnest(ats) WITH ORDINALITY AS a (at, ord)
-        WHERE NOT pg_catalog.isfinite(a.at)
-        ORDER BY a.ord
-        LIMIT 1;
-        RAISE EXCEPTION USING
-            ERRCODE = '22023',
-            MESSAGE = pg_catalog.format(
-                'pgdq: %s[%s] must be a finite time, got %s', arg_name, v_bad, ats[v_bad]
             );
     END IF;
 END
@@ -414,13 +471,13 @@ BEGIN
         OR NOT @extschema@.dq__valid_key(dq_offer.key)
         OR dq_offer.payload IS NULL
         OR dq_offer.can_update IS NULL
-        OR NOT coalesce(isfinite(dq_offer.scheduled_at), TRUE)
+        OR NOT @extschema@.dq__valid_time(dq_offer.scheduled_at)
         OR NOT @extschema@.dq__valid_channel(dq_offer.channel) THEN
         PERFORM @extschema@.dq__check_queue(dq_offer.queue);
         PERFORM @extschema@.dq__check_key(dq_offer.key, 'key');
         PERFORM @extschema@.dq__null_check(dq_offer.payload IS NULL, 'payload');
         PERFORM @extschema@.dq__null_check(dq_offer.can_update IS NULL, 'can_update');
-        PERFORM @extschema@.dq__check_finite(dq_offer.scheduled_at, 'scheduled_at');
+        PERFORM @extschema@.dq__check_time(dq_offer.scheduled_at, 'scheduled_at');
         PERFORM @extschema@.dq__check_channel(dq_offer.channel, 'channel');
     END IF;
 
@@ -635,7 +692,7 @@ BEGIN
     END IF;
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(keys, NULL), keys IS NULL, 'keys');
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(payloads, NULL), payloads IS NULL, 'payloads');
-    PERFORM @extschema@.dq__check_finite_elements(scheduled_ats, 'scheduled_ats');
+    PERFORM @extschema@.dq__check_time_elements(scheduled_ats, 'scheduled_ats');
     SELECT k.ord INTO v_bad
     FROM unnest(keys) WITH ORDINALITY AS k (k, ord)
     WHERE NOT @extschema@.dq__valid_key(k.k)
@@ -1191,10 +1248,10 @@ DECLARE
     v_channel text;
     v_priority integer;
 BEGIN
-    -- an infinite retry time would park the message for ever (or, -infinity,
-    -- make dq_next_due and dq_stats report -infinity): refuse it
-    IF NOT coalesce(isfinite(dq_nack.retry_at), TRUE) THEN
-        PERFORM @extschema@.dq__check_finite(dq_nack.retry_at, 'retry_at');
+    -- a retry time no client could read (infinity parks the message for
+    -- ever, -infinity would make dq_next_due report it): refuse it
+    IF NOT @extschema@.dq__valid_time(dq_nack.retry_at) THEN
+        PERFORM @extschema@.dq__check_time(dq_nack.retry_at, 'retry_at');
     END IF;
     IF dq_nack.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_nack.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_nack.queue);
@@ -2278,7 +2335,7 @@ BEGIN
     IF v_key IS NOT NULL THEN
         PERFORM @extschema@.dq__check_key(v_key, 'key');
     END IF;
-    PERFORM @extschema@.dq__check_finite(dq_dead_redrive.scheduled_at, 'scheduled_at');
+    PERFORM @extschema@.dq__check_time(dq_dead_redrive.scheduled_at, 'scheduled_at');
     -- Lock order (docs/sql-reference.md, Concurrency): messages in key
     -- order, then dead letters in key order, the order a bury takes them in
     -- (it holds the message when it writes the dead letter). So first the
@@ -3056,7 +3113,7 @@ BEGIN
     END IF;
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(scheduled_ats, NULL), scheduled_ats IS NULL, 'scheduled_ats');
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(payloads, NULL), payloads IS NULL, 'payloads');
-    PERFORM @extschema@.dq__check_finite_elements(scheduled_ats, 'scheduled_ats');
+    PERFORM @extschema@.dq__check_time_elements(scheduled_ats, 'scheduled_ats');
 
     -- Installers of one prefix take turns, so the last one to run sees (and
     -- replaces) everything the one before it wrote.
@@ -3409,30 +3466,29 @@ END
 $$;
 
 -- The first time after `after` that expression names in zone (NULL if none
--- within 5 years); 22023 for an invalid expression or zone, or an `after`
--- outside 4713-01-01 BC to 294270-01-01 (the search must stay in the
--- timestamp range). STABLE, not IMMUTABLE: the answer depends on the
--- server's time zone data.
+-- within 5 years, or none before year 10000); 22023 for an invalid
+-- expression or zone, or an `after` outside years 1 to 9999 UTC (the
+-- readable range, dq__valid_time). STABLE, not IMMUTABLE: the answer
+-- depends on the server's time zone data.
 CREATE OR REPLACE FUNCTION dq_cron_next(expression text, after timestamptz, timezone text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_cron record;
+    v_at timestamptz;
 BEGIN
     PERFORM @extschema@.dq__null_check(expression IS NULL, 'expression');
     PERFORM @extschema@.dq__null_check(after IS NULL, 'after');
     PERFORM @extschema@.dq__null_check(timezone IS NULL, 'timezone');
-    PERFORM @extschema@.dq__check_finite(after, 'after');
-    IF after < '4713-01-01 00:00:00+00 BC' OR after >= '294270-01-01 00:00:00+00' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('pgdq: after must be from 4713-01-01 BC to 294270-01-01 UTC, got %s', after);
-    END IF;
+    PERFORM @extschema@.dq__check_time(after, 'after');
     v_cron := @extschema@.dq__cron_parse(expression);
-    RETURN @extschema@.dq__cron_next_at(
+    v_at := @extschema@.dq__cron_next_at(
         after, timezone, v_cron.seconds, v_cron.minutes, v_cron.hours,
         v_cron.days, v_cron.months, v_cron.weekdays, v_cron.either_day
     );
+    -- an occurrence past the readable range is none
+    RETURN CASE WHEN v_at < @extschema@.dq__time_end() THEN v_at END;
 END
 $$;
 
@@ -3476,7 +3532,7 @@ BEGIN
     v_next := @extschema@.dq_cron_next(expression, v_now, timezone);  -- checks both
     IF v_next IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('pgdq: %L names no time in the next 5 years', expression);
+            MESSAGE = format('pgdq: %L names no time in the next 5 years (before year 10000 UTC)', expression);
     END IF;
     v_hash := @extschema@.dq__schedule_hash(expression, timezone, payload);
 
@@ -3489,9 +3545,10 @@ BEGIN
             config_hash = excluded.config_hash,
             max_missed = excluded.max_missed,
             -- the same configuration keeps its place (a failing one's is
-            -- missed_from: it is tried again at the next poll)
+            -- missed_from: it is tried again at the next poll); an ended
+            -- one starts again
             next_at = CASE
-                WHEN s.config_hash = excluded.config_hash THEN coalesce(s.missed_from, s.next_at)
+                WHEN s.config_hash = excluded.config_hash THEN coalesce(s.missed_from, s.next_at, excluded.next_at)
                 ELSE excluded.next_at
             END,
             missed_from = NULL,
@@ -3649,8 +3706,9 @@ BEGIN
         EXIT WHEN clock_timestamp() - v_started > interval '50 milliseconds';
         v_state := NULL;
         BEGIN
-            -- first, as it names an `after` out of range
-            v_next := coalesce(@extschema@.dq_cron_next(v_schedule.expression, dq__materialise.now_at, v_schedule.timezone), 'infinity');
+            -- first, as it names an `after` out of range; NULL (none in the
+            -- next 5 years, or none before year 10000) ends the schedule
+            v_next := @extschema@.dq_cron_next(v_schedule.expression, dq__materialise.now_at, v_schedule.timezone);
             v_due := @extschema@.dq__due_occurrences(
                 v_schedule.expression, v_schedule.timezone, coalesce(v_schedule.missed_from, v_schedule.next_at),
                 dq__materialise.now_at, v_schedule.max_missed
@@ -3684,12 +3742,16 @@ BEGIN
         IF v_state IS NOT NULL THEN
             UPDATE @extschema@.dq_schedules AS s
             SET missed_from = coalesce(s.missed_from, s.next_at),
-                next_at = CASE
-                    WHEN dq__materialise.now_at < '294276-01-01 00:00:00+00' THEN dq__materialise.now_at + least(
-                        interval '1 hour', interval '1 minute' * power(2, least(s.failures, 6))
-                    )
-                    ELSE 'infinity'  -- the end of the timestamp range
-                END,
+                -- a retry past year 9999 is none: the schedule ends (NULL)
+                next_at = nullif(
+                    least(
+                        dq__materialise.now_at + least(
+                            interval '1 hour', interval '1 minute' * power(2, least(s.failures, 6))
+                        ),
+                        @extschema@.dq__time_end()
+                    ),
+                    @extschema@.dq__time_end()
+                ),
                 failures = s.failures + 1,
                 last_error = format('%s (SQLSTATE %s)', left(v_message, 1000), v_state),
                 last_error_at = dq__materialise.now_at
@@ -3719,6 +3781,50 @@ BEGIN
     END IF;
 END
 $$;
+
+-- Times are readable: rows that 1.1.0 (or 1.0.0) let in with times outside
+-- years 1 to 9999 UTC (infinity, -infinity, year 10000 and later, BC) are
+-- brought into the range, so that every read of them works in any client.
+-- - A schedule at infinity (or past 9999) has ended: it had no next
+--   occurrence a poll could ever reach, so its next_at becomes NULL, which
+--   is what 1.2 writes for such a schedule; dq_schedule_set starts it again.
+-- - Messages, dead letters and channels keep everything but have their times
+--   clamped to the range: a time after it becomes 9999-12-31 23:59:59.999999
+--   UTC, one before it 0001-01-01 UTC. Nothing is lost and nothing behaves
+--   differently: a message at infinity stays out of reach for 7,975 years,
+--   one at -infinity is due now, still first in its queue, and times keep
+--   their order. Deleting them would lose messages; leaving them would
+--   leave reads that fail.
+-- One pass over each table, only rows outside the range are written (the
+-- usual database has none), under the locks ordinary updates take.
+UPDATE @extschema@.dq_schedules
+SET next_at = CASE WHEN @extschema@.dq__valid_time(next_at) THEN next_at END,
+    missed_from = CASE WHEN @extschema@.dq__valid_time(missed_from) THEN missed_from END,
+    last_error_at = @extschema@.dq__clamp_time(last_error_at)
+WHERE NOT @extschema@.dq__valid_time(next_at)
+    OR NOT @extschema@.dq__valid_time(missed_from)
+    OR NOT @extschema@.dq__valid_time(last_error_at);
+UPDATE @extschema@.dq_messages
+SET scheduled_at = @extschema@.dq__clamp_time(scheduled_at),
+    due_at = @extschema@.dq__clamp_time(due_at),
+    created_at = @extschema@.dq__clamp_time(created_at)
+WHERE NOT @extschema@.dq__valid_time(scheduled_at)
+    OR NOT @extschema@.dq__valid_time(due_at)
+    OR NOT @extschema@.dq__valid_time(created_at);
+UPDATE @extschema@.dq_dead_letters
+SET scheduled_at = @extschema@.dq__clamp_time(scheduled_at),
+    created_at = @extschema@.dq__clamp_time(created_at),
+    failed_at = @extschema@.dq__clamp_time(failed_at)
+WHERE NOT @extschema@.dq__valid_time(scheduled_at)
+    OR NOT @extschema@.dq__valid_time(created_at)
+    OR NOT @extschema@.dq__valid_time(failed_at);
+UPDATE @extschema@.dq_groups
+SET first_due = @extschema@.dq__clamp_time(first_due),
+    wake_at = @extschema@.dq__clamp_time(wake_at),
+    last_leased_at = @extschema@.dq__clamp_time(last_leased_at)
+WHERE NOT @extschema@.dq__valid_time(first_due)
+    OR NOT @extschema@.dq__valid_time(wake_at)
+    OR NOT @extschema@.dq__valid_time(last_leased_at);
 
 -- Warn when every role may create objects in pgdq's schema (docs/security.md).
 SELECT @extschema@.dq__warn_if_open_schema(pg_catalog.current_schema());

@@ -284,6 +284,74 @@ def test_a_live_1_1_0_database_upgrades_with_everything_in_it(scratch: str, kind
         check_live_queue(conn, consumer, token, keys, before["dq_messages"])
 
 
+def fill_unreadable_times(conn: Conn) -> None:
+    """Rows with times no client can read, as 1.0.0 and 1.1.0 let them in
+    (an offer or nack at year 10000 or infinity, a schedule left at infinity
+    when it had no next occurrence): each time kind in messages, a lease,
+    a dead letter and a schedule, beside a schedule and a message that are fine."""
+    conn.execute("SELECT dq_offer('times', k, '1') FROM unnest('{inf,neg,far,bc,leased,dead,fine}'::text[]) k")
+    conn.execute("SELECT dq_dead_letter(lock_token, 'x') FROM dq_poll_many('times', 10) WHERE key = 'dead'")
+    for key, at in (("inf", "infinity"), ("neg", "-infinity"), ("far", "12000-01-01"), ("bc", "0001-01-01 BC")):
+        conn.execute(
+            "UPDATE dq_messages SET scheduled_at = %s, due_at = %s WHERE queue = 'times' AND key = %s", (at, at, key)
+        )
+    conn.execute("UPDATE dq_messages SET lock_token = NULL WHERE queue = 'times' AND key <> 'leased'")
+    conn.execute("UPDATE dq_messages SET due_at = '20000-01-01' WHERE queue = 'times' AND key = 'leased'")
+    conn.execute("UPDATE dq_messages SET due_at = now() + interval '1 hour' WHERE queue = 'times' AND key = 'fine'")
+    conn.execute("UPDATE dq_dead_letters SET failed_at = 'infinity', created_at = '-infinity' WHERE queue = 'times'")
+    conn.execute("SELECT dq_schedule_set('times', s, '0 2 * * *') FROM unnest('{ended,far,fine}'::text[]) s")
+    conn.execute("UPDATE dq_schedules SET next_at = 'infinity' WHERE name = 'ended'")
+    conn.execute("UPDATE dq_schedules SET next_at = '10001-01-01 02:00Z' WHERE name = 'far'")
+
+
+LAST = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+FIRST = datetime(1, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("kind", ["extension", "plain"])
+@pytest.mark.parametrize("release", RELEASES)
+def test_unreadable_times_are_brought_into_range_by_the_upgrade(scratch: str, kind: str, release: str) -> None:
+    """1.2 (times are readable): after the step every schedule and message
+    reads in the Python client and `pgdq schedules list`; a schedule at
+    infinity has ended (next_at NULL), other times are clamped to years 1 to
+    9999 UTC and keep their order."""
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        install_released(conn, kind, version=release)
+        fill_unreadable_times(conn)
+        fine_at = conn.execute("SELECT next_at FROM dq_schedules WHERE name = 'fine'").fetchone()
+
+        upgrade_to_current(conn, kind, version=release)
+
+        client = pgdq.Client(conn)
+        assert [(s.name, s.next_at) for s in client.schedules("times")] == [
+            ("ended", None),
+            ("far", None),
+            ("fine", fine_at[0] if fine_at else None),
+        ], "a schedule past year 9999 has ended; the others keep their place"
+        q = pgdq.Queue("times", conn)
+        peeked = [m.key for m in q.peek(max_count=10)]
+        assert [sorted(peeked[:2]), peeked[2], sorted(peeked[3:])] == [
+            ["bc", "neg"],
+            "fine",
+            ["far", "inf", "leased"],
+        ], "every message reads, in the order of its due time as before (ties by id)"
+        infos = {key: q.get(key) for key in ("inf", "neg", "far", "bc", "leased", "fine")}
+        assert {k: (i.scheduled_at, i.due_at) for k, i in infos.items() if i and k in ("inf", "far")} == {
+            "inf": (LAST, LAST),
+            "far": (LAST, LAST),
+        }
+        assert infos["neg"] is not None and infos["neg"].due_at == FIRST
+        assert infos["leased"] is not None and infos["leased"].due_at == LAST, "the lease still holds"
+        [dead] = q.dead_letters()
+        assert (dead.key, dead.created_at, dead.failed_at) == ("dead", FIRST, LAST)
+        assert q.stats().ready == 2 and q.next_due() == FIRST
+        assert sorted(d.key for d in q.poll_many(10)) == ["bc", "neg"], "what was due before year 1 is due now"
+    for output in ((), ("--json",)):
+        listed = pgdq_cli("schedules", "list", "--dsn", scratch, *output)
+        assert listed.returncode == 0, listed.stderr
+        assert "ended" in listed.stdout and "fine" in listed.stdout
+
+
 @pytest.mark.parametrize("release", RELEASES)
 def test_this_client_against_the_released_sql(scratch: str, release: str) -> None:
     """docs/upgrading.md: upgrade the SQL first or together. This client works

@@ -102,7 +102,7 @@ CREATE TYPE dq_delivery AS (
 );
 
 -- The time dq.now pins the clock to (STRICT: never called when it is unset);
--- 22023 unless it is a finite timestamp.
+-- 22023 unless it is a timestamp in the readable range (dq__valid_time).
 CREATE FUNCTION dq__pinned_now(setting text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE STRICT
 AS $$
@@ -114,10 +114,12 @@ BEGIN
     EXCEPTION WHEN data_exception THEN  -- unparsable or out of range
         v_at := NULL;
     END;
-    IF v_at IS NULL OR NOT pg_catalog.isfinite(v_at) THEN
+    IF v_at IS NULL OR NOT @extschema@.dq__valid_time(v_at) THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
-            MESSAGE = pg_catalog.format('pgdq: dq.now must be a finite timestamp, got %L', setting);
+            MESSAGE = pg_catalog.format(
+                'pgdq: dq.now must be a finite timestamp in years 1 to 9999 UTC, got %L', setting
+            );
     END IF;
     RETURN v_at;
 END
@@ -185,7 +187,9 @@ COMMENT ON TABLE dq_dead_letters IS
 -- Recurring schedules kept by the database (dq_schedule_set): the polls of a
 -- queue turn its due occurrences into ordinary messages, so no scheduler
 -- process has to run. next_at is the next occurrence not yet turned into a
--- message, or while the schedule fails the time of its next attempt.
+-- message, or while the schedule fails the time of its next attempt; NULL
+-- (since 1.2) once the schedule has ended: its next occurrence (or attempt)
+-- would fall after year 9999 UTC, outside the readable range.
 CREATE TABLE dq_schedules (
     queue text COLLATE "C" NOT NULL,
     name text COLLATE "C" NOT NULL,  -- the key prefix of its occurrences
@@ -194,7 +198,7 @@ CREATE TABLE dq_schedules (
     payload jsonb NOT NULL,
     config_hash text NOT NULL,       -- of expression, timezone and payload
     max_missed integer NOT NULL,     -- occurrences delivered when several are due at once
-    next_at timestamptz NOT NULL,
+    next_at timestamptz,
     -- Since 1.1: a poll that fails to materialise the schedule keeps the
     -- error and retries later (64_schedules.sql); a success clears them.
     last_error text,                 -- '<message> (SQLSTATE <code>)'

@@ -180,8 +180,85 @@ BEGIN
 END
 $$;
 
--- True when a lease taken at now_at ends after now_at, within the timestamp
--- range (docs/sql-reference.md). Hot paths test this (it inlines) and call
+-- The readable range of times: from the start of year 1 to the end of year
+-- 9999 UTC, what every common client library can read (Python's datetime,
+-- Java's Instant in most drivers, JavaScript's Date). Every time a function
+-- accepts, stores or returns lies in it (docs/sql-reference.md, Times).
+-- The first time in the range.
+CREATE FUNCTION dq__time_min() RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT '0001-01-01 00:00:00+00'::pg_catalog.timestamptz $$;
+
+-- The first time after the range.
+CREATE FUNCTION dq__time_end() RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT '10000-01-01 00:00:00+00'::pg_catalog.timestamptz $$;
+
+-- True when at is NULL or in the readable range (inlines, for hot paths).
+CREATE FUNCTION dq__valid_time(at timestamptz) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT at IS NULL
+        OR (
+            at OPERATOR(pg_catalog.>=) @extschema@.dq__time_min()
+            AND at OPERATOR(pg_catalog.<) @extschema@.dq__time_end()
+        )
+$$;
+
+-- The time in the readable range nearest to at (NULL stays NULL): what the
+-- 1.2 step makes of times stored before the range was enforced.
+CREATE FUNCTION dq__clamp_time(at timestamptz) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN at OPERATOR(pg_catalog.<) @extschema@.dq__time_min() THEN @extschema@.dq__time_min()
+        WHEN at OPERATOR(pg_catalog.>=) @extschema@.dq__time_end()
+            THEN '9999-12-31 23:59:59.999999+00'::pg_catalog.timestamptz
+        ELSE at
+    END
+$$;
+
+-- Raise 22023 naming arg_name unless at is NULL or in the readable range.
+-- VOLATILE, as every raising check should be: the planner folds an
+-- IMMUTABLE or STABLE call with constant arguments ahead of time, even one
+-- that a CASE or WHERE would never reach, and would raise for it.
+CREATE FUNCTION dq__check_time(at timestamptz, arg_name text) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF NOT @extschema@.dq__valid_time(at) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format(
+                'pgdq: %s must be a time in years 1 to 9999 UTC, got %s', arg_name, at
+            );
+    END IF;
+END
+$$;
+
+-- Raise 22023 naming the first element of ats outside the readable range
+-- (NULL ones pass).
+CREATE FUNCTION dq__check_time_elements(ats timestamptz[], arg_name text) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    v_bad bigint;
+BEGIN
+    -- the usual batch has none: two scans in C before any unnest
+    IF @extschema@.dq__time_min() OPERATOR(pg_catalog.>) ANY(ats)
+        OR @extschema@.dq__time_end() OPERATOR(pg_catalog.<=) ANY(ats) THEN
+        SELECT a.ord INTO v_bad
+        FROM pg_catalog.unnest(ats) WITH ORDINALITY AS a (at, ord)
+        WHERE NOT @extschema@.dq__valid_time(a.at)
+        ORDER BY a.ord
+        LIMIT 1;
+        PERFORM @extschema@.dq__check_time(ats[v_bad], pg_catalog.format('%s[%s]', arg_name, v_bad));
+    END IF;
+END
+$$;
+
+-- True when a lease taken at now_at ends after now_at, within the readable
+-- range (dq__valid_time). Hot paths test this (it inlines) and call
 -- dq__check_lease only when it fails; CASE keeps the sum from overflowing.
 -- STABLE, like timestamptz + interval: an IMMUTABLE one would not inline.
 CREATE FUNCTION dq__valid_lease(lease interval, now_at timestamptz) RETURNS boolean
@@ -190,16 +267,17 @@ AS $$
     SELECT CASE
         WHEN lease OPERATOR(pg_catalog.>) '0'::pg_catalog.interval
             AND lease OPERATOR(pg_catalog.<) '1000 years'::pg_catalog.interval
-            AND now_at OPERATOR(pg_catalog.<) '100000-01-01'::pg_catalog.timestamptz
+            AND now_at OPERATOR(pg_catalog.<) @extschema@.dq__time_end()
             THEN (now_at OPERATOR(pg_catalog.+) lease) OPERATOR(pg_catalog.>) now_at
+                AND (now_at OPERATOR(pg_catalog.+) lease) OPERATOR(pg_catalog.<) @extschema@.dq__time_end()
         ELSE FALSE
     END
 $$;
 
 -- Raise 22004/22023 unless a lease taken at now_at ends after now_at and
--- within the timestamp range.
+-- within the readable range (VOLATILE: see dq__check_time).
 CREATE FUNCTION dq__check_lease(lease interval, now_at timestamptz) RETURNS void
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_until timestamptz;
@@ -215,50 +293,18 @@ BEGIN
     EXCEPTION WHEN datetime_field_overflow THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
-            MESSAGE = pg_catalog.format('pgdq: lease %s ends beyond the timestamp range', lease);
+            MESSAGE = pg_catalog.format('pgdq: lease %s ends after year 9999 UTC', lease);
     END;
+    IF v_until OPERATOR(pg_catalog.>=) @extschema@.dq__time_end() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('pgdq: lease %s from %s ends after year 9999 UTC', lease, now_at);
+    END IF;
     IF v_until OPERATOR(pg_catalog.<=) now_at THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
             MESSAGE = pg_catalog.format(
                 'pgdq: lease must end after now, but %s from %s ends at %s', lease, now_at, v_until
-            );
-    END IF;
-END
-$$;
-
--- Raise 22023 naming the argument when at is infinite (NULL passes).
-CREATE FUNCTION dq__check_finite(at timestamptz, arg_name text) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
-BEGIN
-    IF NOT pg_catalog.isfinite(at) THEN
-        RAISE EXCEPTION USING
-            ERRCODE = '22023',
-            MESSAGE = pg_catalog.format('pgdq: %s must be a finite time, got %s', arg_name, at);
-    END IF;
-END
-$$;
-
--- Raise 22023 naming the first infinite element of ats (NULL ones pass).
-CREATE FUNCTION dq__check_finite_elements(ats timestamptz[], arg_name text) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
-AS $$
-DECLARE
-    v_bad bigint;
-BEGIN
-    -- the usual batch has none: two scans in C before any unnest
-    IF 'infinity'::pg_catalog.timestamptz OPERATOR(pg_catalog.=) ANY(ats)
-        OR '-infinity'::pg_catalog.timestamptz OPERATOR(pg_catalog.=) ANY(ats) THEN
-        SELECT a.ord INTO v_bad
-        FROM pg_catalog.unnest(ats) WITH ORDINALITY AS a (at, ord)
-        WHERE NOT pg_catalog.isfinite(a.at)
-        ORDER BY a.ord
-        LIMIT 1;
-        RAISE EXCEPTION USING
-            ERRCODE = '22023',
-            MESSAGE = pg_catalog.format(
-                'pgdq: %s[%s] must be a finite time, got %s', arg_name, v_bad, ats[v_bad]
             );
     END IF;
 END

@@ -78,13 +78,13 @@ BEGIN
         OR NOT @extschema@.dq__valid_key(dq_offer.key)
         OR dq_offer.payload IS NULL
         OR dq_offer.can_update IS NULL
-        OR NOT coalesce(isfinite(dq_offer.scheduled_at), TRUE)
+        OR NOT @extschema@.dq__valid_time(dq_offer.scheduled_at)
         OR NOT @extschema@.dq__valid_channel(dq_offer.channel) THEN
         PERFORM @extschema@.dq__check_queue(dq_offer.queue);
         PERFORM @extschema@.dq__check_key(dq_offer.key, 'key');
         PERFORM @extschema@.dq__null_check(dq_offer.payload IS NULL, 'payload');
         PERFORM @extschema@.dq__null_check(dq_offer.can_update IS NULL, 'can_update');
-        PERFORM @extschema@.dq__check_finite(dq_offer.scheduled_at, 'scheduled_at');
+        PERFORM @extschema@.dq__check_time(dq_offer.scheduled_at, 'scheduled_at');
         PERFORM @extschema@.dq__check_channel(dq_offer.channel, 'channel');
     END IF;
 
@@ -299,7 +299,7 @@ BEGIN
     END IF;
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(keys, NULL), keys IS NULL, 'keys');
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(payloads, NULL), payloads IS NULL, 'payloads');
-    PERFORM @extschema@.dq__check_finite_elements(scheduled_ats, 'scheduled_ats');
+    PERFORM @extschema@.dq__check_time_elements(scheduled_ats, 'scheduled_ats');
     SELECT k.ord INTO v_bad
     FROM unnest(keys) WITH ORDINALITY AS k (k, ord)
     WHERE NOT @extschema@.dq__valid_key(k.k)

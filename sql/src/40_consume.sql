@@ -271,10 +271,10 @@ DECLARE
     v_channel text;
     v_priority integer;
 BEGIN
-    -- an infinite retry time would park the message for ever (or, -infinity,
-    -- make dq_next_due and dq_stats report -infinity): refuse it
-    IF NOT coalesce(isfinite(dq_nack.retry_at), TRUE) THEN
-        PERFORM @extschema@.dq__check_finite(dq_nack.retry_at, 'retry_at');
+    -- a retry time no client could read (infinity parks the message for
+    -- ever, -infinity would make dq_next_due report it): refuse it
+    IF NOT @extschema@.dq__valid_time(dq_nack.retry_at) THEN
+        PERFORM @extschema@.dq__check_time(dq_nack.retry_at, 'retry_at');
     END IF;
     IF dq_nack.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_nack.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_nack.queue);

@@ -189,7 +189,7 @@ BEGIN
     IF v_key IS NOT NULL THEN
         PERFORM @extschema@.dq__check_key(v_key, 'key');
     END IF;
-    PERFORM @extschema@.dq__check_finite(dq_dead_redrive.scheduled_at, 'scheduled_at');
+    PERFORM @extschema@.dq__check_time(dq_dead_redrive.scheduled_at, 'scheduled_at');
     -- Lock order (docs/sql-reference.md, Concurrency): messages in key
     -- order, then dead letters in key order, the order a bury takes them in
     -- (it holds the message when it writes the dead letter). So first the

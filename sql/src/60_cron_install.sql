@@ -131,7 +131,7 @@ BEGIN
     END IF;
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(scheduled_ats, NULL), scheduled_ats IS NULL, 'scheduled_ats');
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(payloads, NULL), payloads IS NULL, 'payloads');
-    PERFORM @extschema@.dq__check_finite_elements(scheduled_ats, 'scheduled_ats');
+    PERFORM @extschema@.dq__check_time_elements(scheduled_ats, 'scheduled_ats');
 
     -- Installers of one prefix take turns, so the last one to run sees (and
     -- replaces) everything the one before it wrote.

@@ -314,29 +314,28 @@ END
 $$;
 
 -- The first time after `after` that expression names in zone (NULL if none
--- within 5 years); 22023 for an invalid expression or zone, or an `after`
--- outside 4713-01-01 BC to 294270-01-01 (the search must stay in the
--- timestamp range). STABLE, not IMMUTABLE: the answer depends on the
--- server's time zone data.
+-- within 5 years, or none before year 10000); 22023 for an invalid
+-- expression or zone, or an `after` outside years 1 to 9999 UTC (the
+-- readable range, dq__valid_time). STABLE, not IMMUTABLE: the answer
+-- depends on the server's time zone data.
 CREATE FUNCTION dq_cron_next(expression text, after timestamptz, timezone text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     v_cron record;
+    v_at timestamptz;
 BEGIN
     PERFORM @extschema@.dq__null_check(expression IS NULL, 'expression');
     PERFORM @extschema@.dq__null_check(after IS NULL, 'after');
     PERFORM @extschema@.dq__null_check(timezone IS NULL, 'timezone');
-    PERFORM @extschema@.dq__check_finite(after, 'after');
-    IF after < '4713-01-01 00:00:00+00 BC' OR after >= '294270-01-01 00:00:00+00' THEN
-        RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('pgdq: after must be from 4713-01-01 BC to 294270-01-01 UTC, got %s', after);
-    END IF;
+    PERFORM @extschema@.dq__check_time(after, 'after');
     v_cron := @extschema@.dq__cron_parse(expression);
-    RETURN @extschema@.dq__cron_next_at(
+    v_at := @extschema@.dq__cron_next_at(
         after, timezone, v_cron.seconds, v_cron.minutes, v_cron.hours,
         v_cron.days, v_cron.months, v_cron.weekdays, v_cron.either_day
     );
+    -- an occurrence past the readable range is none
+    RETURN CASE WHEN v_at < @extschema@.dq__time_end() THEN v_at END;
 END
 $$;

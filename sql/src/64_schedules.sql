@@ -44,7 +44,7 @@ BEGIN
     v_next := @extschema@.dq_cron_next(expression, v_now, timezone);  -- checks both
     IF v_next IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
-            MESSAGE = format('pgdq: %L names no time in the next 5 years', expression);
+            MESSAGE = format('pgdq: %L names no time in the next 5 years (before year 10000 UTC)', expression);
     END IF;
     v_hash := @extschema@.dq__schedule_hash(expression, timezone, payload);
 
@@ -57,9 +57,10 @@ BEGIN
             config_hash = excluded.config_hash,
             max_missed = excluded.max_missed,
             -- the same configuration keeps its place (a failing one's is
-            -- missed_from: it is tried again at the next poll)
+            -- missed_from: it is tried again at the next poll); an ended
+            -- one starts again
             next_at = CASE
-                WHEN s.config_hash = excluded.config_hash THEN coalesce(s.missed_from, s.next_at)
+                WHEN s.config_hash = excluded.config_hash THEN coalesce(s.missed_from, s.next_at, excluded.next_at)
                 ELSE excluded.next_at
             END,
             missed_from = NULL,
@@ -217,8 +218,9 @@ BEGIN
         EXIT WHEN clock_timestamp() - v_started > interval '50 milliseconds';
         v_state := NULL;
         BEGIN
-            -- first, as it names an `after` out of range
-            v_next := coalesce(@extschema@.dq_cron_next(v_schedule.expression, dq__materialise.now_at, v_schedule.timezone), 'infinity');
+            -- first, as it names an `after` out of range; NULL (none in the
+            -- next 5 years, or none before year 10000) ends the schedule
+            v_next := @extschema@.dq_cron_next(v_schedule.expression, dq__materialise.now_at, v_schedule.timezone);
             v_due := @extschema@.dq__due_occurrences(
                 v_schedule.expression, v_schedule.timezone, coalesce(v_schedule.missed_from, v_schedule.next_at),
                 dq__materialise.now_at, v_schedule.max_missed
@@ -252,12 +254,16 @@ BEGIN
         IF v_state IS NOT NULL THEN
             UPDATE @extschema@.dq_schedules AS s
             SET missed_from = coalesce(s.missed_from, s.next_at),
-                next_at = CASE
-                    WHEN dq__materialise.now_at < '294276-01-01 00:00:00+00' THEN dq__materialise.now_at + least(
-                        interval '1 hour', interval '1 minute' * power(2, least(s.failures, 6))
-                    )
-                    ELSE 'infinity'  -- the end of the timestamp range
-                END,
+                -- a retry past year 9999 is none: the schedule ends (NULL)
+                next_at = nullif(
+                    least(
+                        dq__materialise.now_at + least(
+                            interval '1 hour', interval '1 minute' * power(2, least(s.failures, 6))
+                        ),
+                        @extschema@.dq__time_end()
+                    ),
+                    @extschema@.dq__time_end()
+                ),
                 failures = s.failures + 1,
                 last_error = format('%s (SQLSTATE %s)', left(v_message, 1000), v_state),
                 last_error_at = dq__materialise.now_at
