@@ -16,12 +16,9 @@ DROP FUNCTION dq_nack(uuid, timestamptz, jsonb, text);
 DROP FUNCTION dq_extend(uuid, interval);
 DROP FUNCTION dq_dead_letter(uuid, text);
 
--- Times are readable (1.2): every time pgdq accepts, stores or returns lies
--- in years 1 to 9999 UTC. A schedule whose next occurrence would fall past
--- them ends (next_at NULL), so the column takes NULL.
-ALTER TABLE dq_schedules ALTER COLUMN next_at DROP NOT NULL;
--- Their checkers: dq__check_time and dq__check_time_elements (range, not
--- only finiteness) replace dq__check_finite and dq__check_finite_elements.
+-- Times are readable (1.2): the checkers dq__check_time and
+-- dq__check_time_elements (years 1 to 9999 UTC, not only finite times)
+-- replace dq__check_finite and dq__check_finite_elements.
 DROP FUNCTION dq__check_finite(timestamptz, text);
 DROP FUNCTION dq__check_finite_elements(timestamptz[], text);
 
@@ -3782,12 +3779,10 @@ BEGIN
 END
 $$;
 
--- Times are readable: rows that 1.1.0 (or 1.0.0) let in with times outside
--- years 1 to 9999 UTC (infinity, -infinity, year 10000 and later, BC) are
--- brought into the range, so that every read of them works in any client.
--- - A schedule at infinity (or past 9999) has ended: it had no next
---   occurrence a poll could ever reach, so its next_at becomes NULL, which
---   is what 1.2 writes for such a schedule; dq_schedule_set starts it again.
+-- Times are readable (1.2): every time pgdq accepts, stores or returns lies
+-- in years 1 to 9999 UTC. Rows that 1.1.0 (or 1.0.0) let in with times
+-- outside (infinity, -infinity, year 10000 and later, BC) are brought into
+-- the range, so that every read of them works in any client:
 -- - Messages, dead letters and channels keep everything but have their times
 --   clamped to the range: a time after it becomes 9999-12-31 23:59:59.999999
 --   UTC, one before it 0001-01-01 UTC. Nothing is lost and nothing behaves
@@ -3795,15 +3790,15 @@ $$;
 --   one at -infinity is due now, still first in its queue, and times keep
 --   their order. Deleting them would lose messages; leaving them would
 --   leave reads that fail.
--- One pass over each table, only rows outside the range are written (the
--- usual database has none), under the locks ordinary updates take.
-UPDATE @extschema@.dq_schedules
-SET next_at = CASE WHEN @extschema@.dq__valid_time(next_at) THEN next_at END,
-    missed_from = CASE WHEN @extschema@.dq__valid_time(missed_from) THEN missed_from END,
-    last_error_at = @extschema@.dq__clamp_time(last_error_at)
-WHERE NOT @extschema@.dq__valid_time(next_at)
-    OR NOT @extschema@.dq__valid_time(missed_from)
-    OR NOT @extschema@.dq__valid_time(last_error_at);
+-- - A schedule at infinity (or past 9999) has ended: it had no next
+--   occurrence a poll could ever reach, so its next_at becomes NULL, which
+--   is what 1.2 writes for such a schedule (the column takes NULL from now
+--   on); dq_schedule_set starts it again.
+-- One pass over each table, writing only rows outside the range (the usual
+-- database has none), under the locks ordinary updates take; producers and
+-- consumers go on meanwhile. The schedules come last: ALTER TABLE locks
+-- dq_schedules, which every poll reads, so it waits until the long passes
+-- are done and holds its lock only for the rest of the step.
 UPDATE @extschema@.dq_messages
 SET scheduled_at = @extschema@.dq__clamp_time(scheduled_at),
     due_at = @extschema@.dq__clamp_time(due_at),
@@ -3825,6 +3820,14 @@ SET first_due = @extschema@.dq__clamp_time(first_due),
 WHERE NOT @extschema@.dq__valid_time(first_due)
     OR NOT @extschema@.dq__valid_time(wake_at)
     OR NOT @extschema@.dq__valid_time(last_leased_at);
+ALTER TABLE @extschema@.dq_schedules ALTER COLUMN next_at DROP NOT NULL;
+UPDATE @extschema@.dq_schedules
+SET next_at = CASE WHEN @extschema@.dq__valid_time(next_at) THEN next_at END,
+    missed_from = CASE WHEN @extschema@.dq__valid_time(missed_from) THEN missed_from END,
+    last_error_at = @extschema@.dq__clamp_time(last_error_at)
+WHERE NOT @extschema@.dq__valid_time(next_at)
+    OR NOT @extschema@.dq__valid_time(missed_from)
+    OR NOT @extschema@.dq__valid_time(last_error_at);
 
 -- Warn when every role may create objects in pgdq's schema (docs/security.md).
 SELECT @extschema@.dq__warn_if_open_schema(pg_catalog.current_schema());

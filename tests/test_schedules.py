@@ -13,7 +13,10 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
+from click.testing import CliRunner
 from pgdq import Queue, Worker
+from pgdq.cli import main
 
 
 def consume(database: str, queue: str, seconds: float, workers: int = 5) -> Counter[str]:
@@ -71,3 +74,22 @@ def test_an_idle_worker_wakes_for_the_next_occurrence(database: str, queue_name:
         thread.join(30)
         q.unschedule("every2")
     assert len(late) >= 2 and max(late) < 0.5, f"woken by dq_next_due, not the 30 s cap: {late}"
+
+
+def test_a_schedule_past_year_9999_ends_and_still_reads(database: str, queue_name: str) -> None:
+    """1.2 (times are readable): a schedule whose next occurrence would fall
+    after year 9999 delivers its last one and ends; the client and `pgdq
+    schedules list` read it (next_at None), where 1.1's infinity broke both."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute("SELECT set_config('dq.now', '9999-12-31 23:00:00+00', false)")
+        q = Queue(queue_name, conn)
+        assert q.schedule("last", "30 23 31 12 *") == datetime(9999, 12, 31, 23, 30, tzinfo=UTC)
+        conn.execute("SELECT set_config('dq.now', '9999-12-31 23:45:00+00', false)")
+        [d] = q.poll_many(10, timedelta(minutes=1))
+        assert d.scheduled_at == datetime(9999, 12, 31, 23, 30, tzinfo=UTC)
+        d.ack()
+        assert [(s.name, s.next_at) for s in q.schedules()] == [("last", None)]
+        listed = CliRunner().invoke(main, ["schedules", "list", queue_name], env={"PGDQ_DSN": database})
+        assert listed.exit_code == 0, listed.output
+        assert "last" in listed.output
+        assert q.unschedule("last")
