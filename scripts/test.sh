@@ -11,9 +11,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-all}
 # make check leaves these to make test: routers (PL/Proxy), failover (standby
-# pairs), fuzzing (schemathesis), the browser (Chromium) and the chaos runs.
+# pairs), fuzzing (schemathesis), the browser (Chromium), the chaos runs and
+# Spark (its JVMs took a third of the suite's CPU on a 2-core machine).
 QUICK_SKIPS=(tests/test_shard.py tests/test_http_shard.py tests/test_failover.py tests/test_http_fuzz.py
-  tests/test_dashboard.py tests/chaos)
+  tests/test_dashboard.py tests/chaos tests/test_spark.py)
 
 failed=()
 step() {
@@ -39,8 +40,10 @@ step "generated step script is current" .venv/bin/python python/tools/gen_upgrad
 fresh_db pgdq_tap
 step "pgTAP, fresh install (make installcheck)" env PGDATABASE=pgdq_tap make -s installcheck
 if [ "$mode" = check ]; then
-  step "pytest, fresh install (without: ${QUICK_SKIPS[*]})" env PGDQ_TEST_DB=pgdq_py .venv/bin/pytest -q tests \
-    "${QUICK_SKIPS[@]/#/--ignore=}"
+  # three workers (pytest-xdist), each file on one of them, each worker with its own databases
+  step "pytest, fresh install, in parallel (without: ${QUICK_SKIPS[*]})" env PGDQ_TEST_DB=pgdq_py \
+    PGDQ_TEST_EXAMPLES_SHARE=0.25 .venv/bin/pytest -q \
+    -n 3 --dist loadfile -m "not restarts_server" tests "${QUICK_SKIPS[@]/#/--ignore=}"
   if [ ${#failed[@]} -gt 0 ]; then echo "FAILED: ${failed[*]}"; exit 1; fi
   echo "all check steps passed (make test runs everything)"; exit 0
 fi

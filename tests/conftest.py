@@ -19,7 +19,8 @@ from pgdq import AsyncQueue, Queue, shard
 from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
-DB = os.environ.get("PGDQ_TEST_DB", "pgdq_py")
+# Under pytest-xdist (make check) each worker has databases of its own.
+DB = os.environ.get("PGDQ_TEST_DB", "pgdq_py") + (f"_{w}" if (w := os.environ.get("PYTEST_XDIST_WORKER")) else "")
 # "fresh": CREATE EXTENSION pgdq; "upgrade": install 1.0.0, then ALTER
 # EXTENSION pgdq UPDATE, so the whole suite runs against an upgraded database
 # ("upgrade-1.1.0": the same from 1.1.0); "1.0.0" or "1.1.0": that release
@@ -28,6 +29,16 @@ INSTALL = os.environ.get("PGDQ_TEST_INSTALL", "fresh")
 # > 0: the test database is a PL/Proxy router (pgdq.shard) over this many
 # partitions, each a throwaway cluster of its own (test-shard0, ...).
 SHARDS = int(os.environ.get("PGDQ_TEST_SHARDS", "0"))
+
+
+# The share of each property test's examples to run: make check runs a quarter
+# (derandomized, so the same first quarter every time), make test all of them.
+EXAMPLES_SHARE = float(os.environ.get("PGDQ_TEST_EXAMPLES_SHARE", "1"))
+
+
+def examples(count: int) -> int:
+    """count property-test examples, scaled by PGDQ_TEST_EXAMPLES_SHARE (at least 20)."""
+    return max(20, round(count * EXAMPLES_SHARE))
 
 
 def unsharded(why: str) -> pytest.MarkDecorator:

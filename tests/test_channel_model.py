@@ -18,7 +18,7 @@ from uuid import UUID
 
 import psycopg
 import pytest
-from conftest import dsn, recreate_database
+from conftest import DB, dsn, recreate_database
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -141,10 +141,10 @@ class Model:
 
 @pytest.fixture(scope="module")
 def model_db(database: str) -> str:
-    recreate_database("pgdq_model")
-    with psycopg.connect(dsn("pgdq_model"), autocommit=True) as c:
+    recreate_database(f"{DB}_model")
+    with psycopg.connect(dsn(f"{DB}_model"), autocommit=True) as c:
         c.execute("CREATE EXTENSION pgdq")
-    return dsn("pgdq_model")
+    return dsn(f"{DB}_model")
 
 
 class Machine(RuleBasedStateMachine):

@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
+from conftest import examples
 from croniter import CroniterBadDateError, croniter
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -100,7 +101,10 @@ def croniter_next(expression: str, after: datetime, zone: str) -> datetime | Non
 
 
 @settings(
-    max_examples=2000, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(2000),
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(expression=expressions(), after=instants(), zone=st.sampled_from(ZONES))
 def test_agrees_with_croniter(server: Any, expression: str, after: datetime, zone: str) -> None:
@@ -141,7 +145,10 @@ def test_nulls_are_errors(server: Any) -> None:
 
 
 @settings(
-    max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(400),
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     expression=expressions(),

@@ -325,14 +325,16 @@ def test_a_queue_name_with_a_slash(database: str, running: list[Server]) -> None
 
 @pytest.fixture
 def endless_schedules(database: str, queue_name: str) -> Iterator[None]:
-    """Two schedules of this test's queue, at infinity and -infinity; removed after."""
+    """Three schedules of this test's queue: at infinity and -infinity (as 1.1
+    could store them), and ended (next_at NULL, as 1.2 ends one with no
+    occurrence before year 10000); removed after."""
+    schedules = (("never", "infinity"), ("past", "-infinity"), ("ended", None))
     with psycopg.connect(owner(database, queue_name), autocommit=True) as c:
-        for name, at in (("never", "infinity"), ("past", "-infinity")):
+        for name, at in schedules:
             c.execute("SELECT dq_schedule_set(%s, %s, '0 0 * * *')", (queue_name, name))
-            # what dq__materialise writes when an expression names no later time
             c.execute("UPDATE dq_schedules SET next_at = %s WHERE queue = %s AND name = %s", (at, queue_name, name))
         yield
-        for name in ("never", "past"):
+        for name, _ in schedules:
             c.execute("SELECT dq_schedule_remove(%s, %s)", (queue_name, name))
 
 
@@ -341,11 +343,11 @@ def endless_schedules(database: str, queue_name: str) -> Iterator[None]:
 def test_a_schedule_at_infinity(queue_name: str, api: httpx.Client) -> None:
     r = api.get(f"/v1/queues/{queue_name}/schedules")
     assert r.status_code == 200, r.text
-    assert {s["name"]: s["next_at"] for s in r.json()} == {"never": "infinity", "past": "-infinity"}
+    assert {s["name"]: s["next_at"] for s in r.json()} == {"never": "infinity", "past": "-infinity", "ended": None}
     assert api.get(f"/v1/queues/{queue_name}/stats").status_code == 200
     page = api.get(f"/dashboard/queues/{queue_name}")
     assert page.status_code == 200, page.text
-    assert "<td>never</td>" in page.text and "<td>long ago</td>" in page.text
+    assert "<td>never</td>" in page.text and "<td>long ago</td>" in page.text and "<td>ended</td>" in page.text
     assert api.get(f"/queues/{queue_name}").status_code == 200
 
 

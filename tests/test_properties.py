@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from conftest import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pgdq import OfferOutcome, Queue
@@ -54,7 +55,7 @@ def pinned(database: str) -> Any:
 
 
 @settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )

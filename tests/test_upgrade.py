@@ -18,7 +18,7 @@ from typing import Any
 import pgdq
 import psycopg
 import pytest
-from conftest import dsn, recreate_database
+from conftest import DB, dsn, recreate_database
 from pgdq import install
 from pgdq._script import quote_ident, released_install_script, upgrade_steps
 from pgdq.install import upgrade
@@ -61,9 +61,9 @@ def test_each_release_has_its_step_into_the_next() -> None:
 @pytest.fixture
 def scratch(database: str) -> Iterator[str]:
     """An empty database of this test's own; its conninfo."""
-    recreate_database("pgdq_upgrade")
-    yield dsn("pgdq_upgrade")
-    recreate_database("pgdq_upgrade")
+    recreate_database(f"{DB}_upgrade")
+    yield dsn(f"{DB}_upgrade")
+    recreate_database(f"{DB}_upgrade")
 
 
 # -- the schema an upgrade leaves equals a fresh install ----------------------
@@ -127,13 +127,13 @@ def assert_same_catalog(upgraded: dict[str, str], fresh: dict[str, str]) -> None
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_extension_upgrade_equals_a_fresh_install(database: str, scratch: str, release: str) -> None:
-    recreate_database("pgdq_upgrade_fresh")
-    with psycopg.connect(scratch, autocommit=True) as old, psycopg.connect(dsn("pgdq_upgrade_fresh")) as new:
+    recreate_database(f"{DB}_upgrade_fresh")
+    with psycopg.connect(scratch, autocommit=True) as old, psycopg.connect(dsn(f"{DB}_upgrade_fresh")) as new:
         install_released(old, "extension", version=release)
         upgrade_to_current(old, "extension", version=release)
         new.execute("CREATE EXTENSION pgdq")
         assert_same_catalog(catalog(old, "public"), catalog(new, "public"))
-    recreate_database("pgdq_upgrade_fresh")
+    recreate_database(f"{DB}_upgrade_fresh")
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -429,17 +429,17 @@ def test_dump_and_restore_keep_messages_and_ids(scratch: str, tmp_path: Path, ki
         before = snapshot(conn)
     dump = tmp_path / "app.dump"
     pg_tool("pg_dump", "-Fc", "-f", str(dump), "-d", scratch)
-    recreate_database("pgdq_restored")
+    recreate_database(f"{DB}_restored")
     try:
-        pg_tool("pg_restore", "-d", dsn("pgdq_restored"), str(dump))
-        with psycopg.connect(dsn("pgdq_restored"), autocommit=True) as restored:
+        pg_tool("pg_restore", "-d", dsn(f"{DB}_restored"), str(dump))
+        with psycopg.connect(dsn(f"{DB}_restored"), autocommit=True) as restored:
             assert snapshot(restored) == before
             assert restored.execute("SELECT dq_ack(%s)", (token,)).fetchone() == (True,), "tokens survive"
             restored.execute("SELECT dq_offer('live', 'after-restore', '1')")
             new_id = restored.execute("SELECT id FROM dq_messages WHERE key = 'after-restore'").fetchone()
             assert new_id is not None and new_id[0] > max(row[0] for row in before["dq_messages"]), "no id reused"
     finally:
-        recreate_database("pgdq_restored")
+        recreate_database(f"{DB}_restored")
 
 
 def test_upgrade_heals_ids_of_a_database_restored_from_a_1_0_0_dump(scratch: str, tmp_path: Path) -> None:
@@ -448,17 +448,17 @@ def test_upgrade_heals_ids_of_a_database_restored_from_a_1_0_0_dump(scratch: str
         conn.execute("SELECT dq_offer('q', 'a', '1'), dq_offer('q', 'b', '1')")
     dump = tmp_path / "old.dump"
     pg_tool("pg_dump", "-Fc", "-f", str(dump), "-d", scratch)
-    recreate_database("pgdq_restored")
+    recreate_database(f"{DB}_restored")
     try:
-        with psycopg.connect(dsn("pgdq_restored"), autocommit=True) as restored:
+        with psycopg.connect(dsn(f"{DB}_restored"), autocommit=True) as restored:
             install_released(restored, "extension")  # 1.0.0's dump carries no sequence position
-            pg_tool("pg_restore", "-d", dsn("pgdq_restored"), str(dump))
+            pg_tool("pg_restore", "-d", dsn(f"{DB}_restored"), str(dump))
             with pytest.raises(psycopg.errors.UniqueViolation):
                 restored.execute("SELECT dq_offer('q', 'c', '1')")
             upgrade_to_current(restored, "extension")
             assert restored.execute("SELECT dq_offer('q', 'c', '1')").fetchone() == ("created",)
     finally:
-        recreate_database("pgdq_restored")
+        recreate_database(f"{DB}_restored")
 
 
 def test_every_version_number_agrees(database: str) -> None:

@@ -170,7 +170,7 @@ class Schedule(DecodedPayload):
     timezone: str
     raw_payload: Any
     max_missed: int
-    next_at: datetime  # while failing: the next attempt
+    next_at: datetime | None  # while failing: the next attempt; None: ended (no occurrence before year 10000)
     last_error: str | None = None  # of the last attempt, when it failed (1.1)
     last_error_at: datetime | None = None
     failures: int = 0  # failed attempts in a row

@@ -87,8 +87,10 @@ def _clock() -> dict[str, Any]:
     return {"now": now, "age": lambda t: _age(t, now), "next_time": lambda t: _next_time(t, now)}
 
 
-def _next_time(at: datetime, now: datetime) -> str:
-    """A schedule's next time for people: "never" for infinity, "long ago" for -infinity, else when and how soon."""
+def _next_time(at: datetime | None, now: datetime) -> str:
+    """A schedule's next time for people: "ended", "never" (infinity), "long ago" (-infinity), or when and how soon."""
+    if at is None:
+        return "ended"
     if at in (INFINITY, MINUS_INFINITY):
         return "never" if at == INFINITY else "long ago"
     return f"{at.strftime('%Y-%m-%d %H:%M:%S %Z')} (in {_age(at, now)})"

@@ -220,7 +220,9 @@ class ScheduleOut(BaseModel):
     timezone: str
     payload: JsonValue
     max_missed: int
-    next_at: datetime | Literal["infinity", "-infinity"] = Field(description='"infinity": no next occurrence')
+    next_at: datetime | Literal["infinity", "-infinity"] | None = Field(
+        description="null: the schedule has ended (no occurrence before year 10000)"
+    )
     last_error: str | None
     last_error_at: datetime | None
     failures: int

@@ -89,8 +89,8 @@ class EndlessTimestamptzLoader(Loader):
         return self._finite.load(data)
 
 
-def wire_time(at: datetime) -> datetime | Literal["infinity", "-infinity"]:
-    """at for JSON: INFINITY and MINUS_INFINITY as "infinity" and "-infinity"."""
+def wire_time(at: datetime | None) -> datetime | Literal["infinity", "-infinity"] | None:
+    """at for JSON: INFINITY and MINUS_INFINITY (stored before 1.2) as "infinity" and "-infinity"."""
     return "infinity" if at == INFINITY else "-infinity" if at == MINUS_INFINITY else at
 
 
