@@ -216,6 +216,16 @@ def test_retry_chooses_time_and_checkpoint(database: str, queue_name: str) -> No
     assert states == [None, {"step": 1}]
 
 
+def test_a_retry_past_max_attempts_is_dead_lettered_saying_so(database: str, queue_name: str) -> None:
+    def always_retry(d: AsyncDelivery) -> None:
+        raise Retry(at=timedelta(0))
+
+    with Queue(queue_name, database) as q, running(Worker(queue_name, always_retry, dsn=database, max_attempts=1)):
+        q.offer("once", 1)
+        dead = wait_for(q.dead_letters, "the dead letter")
+    assert [(d.key, d.error) for d in dead] == [("once", "Retry requested after 1 attempt")]
+
+
 def test_handler_longer_than_its_lease_keeps_it(database: str, queue_name: str) -> None:
     calls: list[int] = []
 

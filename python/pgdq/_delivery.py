@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 
 from ._async_queue import AsyncDelivery, AsyncQueue
 from ._reconnect import DATABASE_ERRORS, RetryDelays, describe, retrying
+from ._words import count
 from .retry import HandlerTimeout, Policy, Retry
 
 log = logging.getLogger("pgdq.worker.delivery")
@@ -128,7 +129,7 @@ def _retry(run: Running, retry: Retry) -> tuple[Settle, Outcome]:
     d = run.delivery
     at = run.policy.next_try(d.attempts, retry.at)
     if at is None:
-        return _bury(run, f"Retry requested after {d.attempts} attempts", "Retry requested")
+        return _bury(run, f"Retry requested after {count(d.attempts, 'attempt')}", "Retry requested")
     log.debug("%s/%s: retry requested; next try at %s", d.queue, d.key, at.isoformat(timespec="seconds"))
     return partial(run.queue.nack, d.lock_token, at, retry.state), "retried"
 

@@ -221,11 +221,6 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _count(n: int, noun: str, plural: str | None = None) -> str:
-    """n and the noun agreeing with it: 1 channel, 2 channels (plural: when not noun + s)."""
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
-
-
 _TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 # columns a table never narrows: what the next command takes whole
 _WHOLE = {"lock_token"}

@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 
 import click
 
+from .._words import count as _count
 from ..model import ChannelInfo
 from ._base import (
     _cell,
     _client,
-    _count,
     _emit,
     _emit_done,
     _json_argument,

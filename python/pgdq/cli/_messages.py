@@ -13,6 +13,7 @@ import click
 import psycopg
 
 from .._sync_queue import Queue
+from .._words import count as _count
 from ..errors import PgdqError
 from ..model import Message
 from ..shard import is_router
@@ -20,7 +21,6 @@ from ._base import (
     BadInput,
     NothingThere,
     _client,
-    _count,
     _database,
     _emit,
     _emit_done,

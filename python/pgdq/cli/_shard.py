@@ -5,9 +5,10 @@ from __future__ import annotations
 import click
 import psycopg
 
+from .._words import count as _count
 from ..errors import InvalidArgument, PgdqError
 from ..shard import init as init_router
-from ._base import BadInput, _connect, _count, _emit, _reason, json_option, schema_option
+from ._base import BadInput, _connect, _emit, _reason, json_option, schema_option
 
 
 @click.group()
