@@ -33,6 +33,11 @@ include $(PGXS)
 endif
 endif
 
+# PG=16|17|18: the PostgreSQL major version the throwaway clusters run (scripts/pgcluster.sh)
+ifdef PG
+export PGDQ_PG := $(PG)
+endif
+
 SCHEMA ?= public
 SQL_SOURCES := $(sort $(wildcard sql/src/*.sql))
 VENV := .venv
@@ -98,9 +103,10 @@ serve-demo: $(VENV)/.stamp-serve
 spark-demo: $(VENV)/.stamp-spark
 	scripts/demo.sh examples/spark_reminders.py $(SPARK_ARGS)
 
+# every version's clusters that exist (stopping one needs no fetch)
 cluster-stop:
-	scripts/pgcluster.sh stop test; scripts/pgcluster.sh stop demo; scripts/pgcluster.sh stop bench
-	for n in 0 1 2 3; do scripts/pgcluster.sh stop test-shard$$n; done
+	for v in 15 16 17 18; do for name in test demo bench test-shard0 test-shard1 test-shard2 test-shard3; do \
+	  if [ $$v = 15 ] || [ -e .pgdq/$$name-pg$$v ]; then PGDQ_PG=$$v scripts/pgcluster.sh stop $$name; fi; done; done
 
 sync-code: venv
 	$(VENV)/bin/python python/tools/gen_sync.py

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make demo` / `make spark-demo`: run an example (default examples/demo.py)
-# on the project's own throwaway cluster (.pgdq/demo, database pgdq_demo),
-# then print its DSN and what to try next.
+# on the project's own throwaway cluster (.pgdq/demo, database pgdq_demo;
+# PostgreSQL 15, or the version PGDQ_PG names: `make demo PG=18`), then print
+# its DSN and what to try next.
 #   scripts/demo.sh [EXAMPLE.py [ARGS...]]
 # DATABASE_URL, PGDQ_DSN and the PG* variables of your shell are ignored: the
 # demo installs pgdq into, and purges a queue of, only a database it was
@@ -89,5 +90,6 @@ else
   next_steps "$dsn"
 fi
 if [ -z "${DEMO_DSN:-}" ]; then
-  echo "The demo cluster keeps running; stop it with: scripts/pgcluster.sh stop demo (or make cluster-stop)"
+  prefix=${PGDQ_PG:+PGDQ_PG=$PGDQ_PG }
+  echo "The demo cluster keeps running; stop it with: ${prefix}scripts/pgcluster.sh stop demo (or make cluster-stop)"
 fi

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# A throwaway PostgreSQL 15 cluster per checkout, for tests, demo and bench.
+# A throwaway PostgreSQL cluster per checkout, for tests, demo and bench.
 #   scripts/pgcluster.sh start|stop|restart|crash-restart|status|env|dir [NAME]
-# NAME (default "test") picks .pgdq/NAME and a port; `env` prints PG* exports,
-# `dir` the cluster's real directory (data, run, port, server.log, initdb.log).
+# NAME (default "test") picks .pgdq/NAME and a port; `env` prints PG* exports
+# (and PATH, for a version other than 15), `dir` the cluster's real directory
+# (data, run, port, server.log, initdb.log).
+# PGDQ_PG=16|17|18 (default 15) runs that major version (scripts/pgbin.sh):
+# the cluster is then NAME-pgVERSION, so each version has clusters of its own.
 # initdb refuses to run as root, so as root the cluster belongs to `postgres`.
 # When postgres cannot reach .pgdq/NAME (a private checkout, e.g. under /root)
 # or its socket path would be too long, the cluster lives in
@@ -13,11 +16,13 @@ umask 022 # directories we create must be traversable by postgres
 
 usage="usage: pgcluster.sh start|stop|restart|crash-restart|status|env|dir [NAME]"
 cmd=${1:?$usage}
-name=${2:-test}
-[[ $name =~ ^[A-Za-z0-9_-]+$ ]] || { echo "pgcluster: bad NAME '$name'" >&2; exit 2; }
+role=${2:-test}
+[[ $role =~ ^[A-Za-z0-9_-]+$ ]] || { echo "pgcluster: bad NAME '$role'" >&2; exit 2; }
 root=$(cd -P "$(dirname "$0")/.." && pwd)
-bindir=${PG_BINDIR:-$(pg_config --bindir 2>/dev/null || echo /usr/lib/postgresql/15/bin)}
-[ -x "$bindir/initdb" ] || bindir=/usr/lib/postgresql/15/bin
+version=${PGDQ_PG:-15}
+bindir=$("$root/scripts/pgbin.sh" "$version")
+name=$role
+[ "$version" = 15 ] || name="$role-pg$version"
 link="$root/.pgdq/$name"
 away="/var/tmp/pgdq-$(printf %s "$root" | sha256sum | cut -c1-12)/$name"
 
@@ -38,12 +43,13 @@ elif [ -f "$link/data/PG_VERSION" ] || usable "$link"; then base=$link
 else base=$away; fi
 data="$base/data"
 sock="$base/run"
-case "$name" in
+case "$role" in
   test) first_port=${PGDQ_TEST_PORT:-54329} ;;
   demo) first_port=${PGDQ_DEMO_PORT:-54340} ;;
   bench) first_port=${PGDQ_BENCH_PORT:-54350} ;;
   *) first_port=${PGDQ_PORT:-54360} ;;
 esac
+first_port=$((first_port + (version - 15) * 100)) # each version from a range of its own
 
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -68,7 +74,11 @@ init() {
     [ -L "$link" ] || rm -rf "$link"
     ln -sfn "$away" "$link"
   fi
-  [ -f "$data/PG_VERSION" ] && return 0
+  if [ -f "$data/PG_VERSION" ]; then
+    [ "$(cat "$data/PG_VERSION")" = "$version" ] && return 0
+    echo "pgcluster: $data holds PostgreSQL $(cat "$data/PG_VERSION"), not $version" >&2
+    exit 1
+  fi
   mkdir -p "$data" "$sock"
   echo "$port" >"$base/port"
   if [ "$(id -u)" = 0 ]; then chown -R postgres:postgres "$base"; fi
@@ -118,7 +128,11 @@ case "$cmd" in
   restart) start; as_owner "$bindir/pg_ctl" -D "$data" -m fast -w restart -l "$base/server.log" >/dev/null ;;
   crash-restart) as_owner "$bindir/pg_ctl" -D "$data" -m immediate -w restart -l "$base/server.log" >/dev/null ;;
   status) running && echo "running on port $port ($data)" || { echo "stopped"; exit 3; } ;;
-  env) printf 'export PGHOST=%s PGPORT=%s PGUSER=postgres\n' "$sock" "$port" ;;
+  env)
+    printf 'export PGHOST=%s PGPORT=%s PGUSER=postgres\n' "$sock" "$port"
+    # this version's psql, pg_dump and pg_config first (Debian's serve 15 from /usr/bin)
+    [ "$version" = 15 ] || printf 'export PATH=%s:"$PATH"\n' "$bindir"
+    ;;
   dir) echo "$base" ;;
   *) echo "pgcluster: unknown command $cmd" >&2; echo "$usage" >&2; exit 2 ;;
 esac

@@ -63,7 +63,8 @@ def start_cluster(name: str) -> dict[str, str]:
     out = subprocess.run(
         [str(ROOT / "scripts/pgcluster.sh"), "env", name], check=True, capture_output=True, text=True
     ).stdout
-    return dict(assignment.partition("=")[::2] for assignment in shlex.split(out.replace("export", "")))
+    pairs = (assignment.partition("=")[::2] for assignment in shlex.split(out.replace("export", "")))
+    return {key: value for key, value in pairs if key.startswith("PG")}  # not PATH
 
 
 def partition_databases(count: int, dbname: str = DB) -> list[str]:

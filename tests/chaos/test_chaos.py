@@ -207,10 +207,12 @@ def run_chaos(
     return broken
 
 
+@pytest.mark.restarts_server
 def test_nothing_lost_under_kills_and_a_server_crash(chaos_db: str) -> None:
     assert run_chaos(chaos_db, KEYS) == []
 
 
+@pytest.mark.restarts_server
 def test_nothing_lost_through_a_router_with_a_partition_crash(chaos_router: tuple[str, str]) -> None:
     router, partition = chaos_router
     assert run_chaos(router, KEYS // 2, env={"PGDQ_CHAOS_ROUTER": "1"}, crash=crash_restart(partition)) == []
