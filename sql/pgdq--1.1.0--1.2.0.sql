@@ -22,11 +22,21 @@ DROP FUNCTION dq_dead_letter(uuid, text);
 DROP FUNCTION dq__check_finite(timestamptz, text);
 DROP FUNCTION dq__check_finite_elements(timestamptz[], text);
 
+-- Raising functions are VOLATILE (1.2, issue 27): the argument checkers
+-- (dq__null_check, dq__check_*), the cron parser (dq__cron_field,
+-- dq__cron_parse, dq__due_occurrences) and dq__pinned_now were IMMUTABLE or
+-- STABLE, which PostgreSQL 18 may run ahead of time and so raise for a
+-- guarded NULL (dq_stats() failed). CREATE OR REPLACE sets a function's
+-- volatility too, so the functions below make them VOLATILE: no ALTER
+-- FUNCTION is needed (tests/test_upgrade.py compares the definitions).
+
 -- Every function of 1.2.0, as sql/src defines it.
 -- The time dq.now pins the clock to (STRICT: never called when it is unset);
 -- 22023 unless it is a timestamp in the readable range (dq__valid_time).
+-- VOLATILE, as every raising function is (20_checks.sql): dq_now, VOLATILE
+-- too, inlines all the same.
 CREATE OR REPLACE FUNCTION dq__pinned_now(setting text) RETURNS timestamptz
-LANGUAGE plpgsql STABLE STRICT
+LANGUAGE plpgsql VOLATILE STRICT
 AS $$
 DECLARE
     v_at timestamptz;
@@ -68,7 +78,7 @@ AS $$ SELECT '1.2.0'::text $$;
 -- a polymorphic helper could be outbid by an exact-type overload that a role
 -- allowed to CREATE in pgdq's schema plants there; see docs/security.md.)
 CREATE OR REPLACE FUNCTION dq__null_check(is_null boolean, arg_name text) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     IF is_null THEN
@@ -83,7 +93,7 @@ $$;
 CREATE OR REPLACE FUNCTION dq__check_name(
     name text, arg_name text, max_length integer
 ) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_length integer := pg_catalog.length(name);
@@ -130,7 +140,7 @@ AS $$ SELECT @extschema@.dq__valid_name(queue, @extschema@.dq__queue_max_length(
 
 -- Raise 22004/22023 unless queue follows the queue name rule.
 CREATE OR REPLACE FUNCTION dq__check_queue(queue text) RETURNS void
-LANGUAGE sql IMMUTABLE
+LANGUAGE sql VOLATILE
 AS $$ SELECT @extschema@.dq__check_name(queue, 'queue', @extschema@.dq__queue_max_length()) $$;
 
 -- True when key follows the key rule (inlines, for hot paths).
@@ -140,7 +150,7 @@ AS $$ SELECT @extschema@.dq__valid_name(key, @extschema@.dq__key_max_length()) $
 
 -- Raise 22004/22023 naming arg_name unless key follows the key rule.
 CREATE OR REPLACE FUNCTION dq__check_key(key text, arg_name text) RETURNS void
-LANGUAGE sql IMMUTABLE
+LANGUAGE sql VOLATILE
 AS $$ SELECT @extschema@.dq__check_name(key, arg_name, @extschema@.dq__key_max_length()) $$;
 
 -- The longest channel name, in characters (docs/sql-reference.md, Names).
@@ -158,7 +168,7 @@ $$;
 
 -- Raise 22023 naming arg_name unless channel is NULL or follows the rule.
 CREATE OR REPLACE FUNCTION dq__check_channel(channel text, arg_name text) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     IF channel IS NOT NULL THEN
@@ -177,7 +187,7 @@ AS $$ SELECT 4000::pg_catalog.int4 $$;
 CREATE OR REPLACE FUNCTION dq__check_between(
     value integer, arg_name text, low integer, high integer
 ) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     PERFORM @extschema@.dq__null_check(value IS NULL, arg_name);
@@ -191,7 +201,7 @@ $$;
 
 -- Raise 22023 naming arg_name unless value is one of allowed (NULL passes).
 CREATE OR REPLACE FUNCTION dq__check_one_of(value text, arg_name text, allowed text[]) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     IF NOT value OPERATOR(pg_catalog.=) ANY(allowed) THEN
@@ -216,7 +226,7 @@ AS $$ SELECT lock_token IS NOT NULL AND due_at OPERATOR(pg_catalog.>) now_at $$;
 -- Raise 22004 naming the argument when the array is NULL (is_null) or has a
 -- NULL element (first_null, its position: pg_catalog.array_position(arr, NULL)).
 CREATE OR REPLACE FUNCTION dq__check_elements(first_null integer, is_null boolean, arg_name text) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     PERFORM @extschema@.dq__null_check(is_null, arg_name);
@@ -266,10 +276,8 @@ AS $$
     END
 $$;
 
--- Raise 22023 naming arg_name unless at is NULL or in the readable range.
--- VOLATILE, as every raising check should be: the planner folds an
--- IMMUTABLE or STABLE call with constant arguments ahead of time, even one
--- that a CASE or WHERE would never reach, and would raise for it.
+-- Raise 22023 naming arg_name unless at is NULL or in the readable range
+-- (VOLATILE, as every raising check is: see Volatility above).
 CREATE OR REPLACE FUNCTION dq__check_time(at timestamptz, arg_name text) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -651,7 +659,7 @@ $$;
 CREATE OR REPLACE FUNCTION dq__check_offer_arrays(
     keys text[], payloads jsonb[], scheduled_ats timestamptz[], channels text[], priorities integer[]
 ) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -2984,7 +2992,7 @@ $$;
 CREATE OR REPLACE FUNCTION dq__check_key_part(
     part text, arg_name text, max_length integer
 ) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -3013,13 +3021,13 @@ $$;
 -- Raise 22004/22023 unless key_prefix (a cron key prefix, or a schedule's
 -- name: arg_name) is 1..100 characters without '/'.
 CREATE OR REPLACE FUNCTION dq__check_key_prefix(key_prefix text, arg_name text) RETURNS void
-LANGUAGE sql IMMUTABLE
+LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT @extschema@.dq__check_key_part(key_prefix, arg_name, 100) $$;
 
 -- Raise 22004/22023 unless config_hash is 1..64 characters without '/'.
 CREATE OR REPLACE FUNCTION dq__check_config_hash(config_hash text) RETURNS void
-LANGUAGE sql IMMUTABLE
+LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT @extschema@.dq__check_key_part(config_hash, 'config_hash', 64) $$;
 
@@ -3183,7 +3191,7 @@ $$;
 -- most 60 list items (no field has more values); linear in the field's
 -- length: each item is read once and the values are made in one query.
 CREATE OR REPLACE FUNCTION dq__cron_field(spec text, field text, lo integer, hi integer) RETURNS integer[]
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -3262,7 +3270,7 @@ CREATE OR REPLACE FUNCTION dq__cron_parse(
     OUT weekdays integer[],
     OUT either_day boolean
 )
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -3615,7 +3623,7 @@ $$;
 CREATE OR REPLACE FUNCTION dq__due_occurrences(
     expression text, timezone text, next_at timestamptz, until timestamptz, keep integer
 ) RETURNS timestamptz[]
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE

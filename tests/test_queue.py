@@ -198,6 +198,24 @@ def test_overviews(q: Queue, database: str) -> None:
             q.due_hours(0)
 
 
+def test_overviews_of_every_queue(q: Queue, database: str) -> None:
+    """A Client's overviews with no queue read every queue: the check of a
+    queue is skipped when it is NULL (issue 27: PostgreSQL 18 ran the
+    skipped check ahead of time and raised "queue must not be NULL")."""
+    q.offer_many([("dead", 0), ("live", 1)])
+    q.schedule("hourly", "0 * * * *")
+    try:
+        (d,) = q.poll_many(1)
+        d.dead_letter("broken")
+        with Client(database) as client:
+            assert q.name in {s.queue for s in client.stats()}
+            assert q.name in {s.queue for s in client.dead_stats()}
+            assert (q.name, "hourly") in {(s.queue, s.name) for s in client.schedules()}
+    finally:
+        q.unschedule("hourly")
+        q.purge_dead_letters()
+
+
 def test_cancel_purge_next_due_version(q: Queue) -> None:
     at = future(600)
     q.offer("a", 1, at)

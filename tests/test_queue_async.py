@@ -207,6 +207,24 @@ async def test_overviews(aq: AsyncQueue, database: str) -> None:
             await aq.due_hours(0)
 
 
+async def test_overviews_of_every_queue(aq: AsyncQueue, database: str) -> None:
+    """A Client's overviews with no queue read every queue: the check of a
+    queue is skipped when it is NULL (issue 27: PostgreSQL 18 ran the
+    skipped check ahead of time and raised "queue must not be NULL")."""
+    await aq.offer_many([("dead", 0), ("live", 1)])
+    await aq.schedule("hourly", "0 * * * *")
+    try:
+        (d,) = await aq.poll_many(1)
+        await d.dead_letter("broken")
+        async with AsyncClient(database) as client:
+            assert aq.name in {s.queue for s in await client.stats()}
+            assert aq.name in {s.queue for s in await client.dead_stats()}
+            assert (aq.name, "hourly") in {(s.queue, s.name) for s in await client.schedules()}
+    finally:
+        await aq.unschedule("hourly")
+        await aq.purge_dead_letters()
+
+
 async def test_cancel_purge_next_due_version(aq: AsyncQueue) -> None:
     at = future(600)
     await aq.offer("a", 1, at)

@@ -19,6 +19,14 @@ DROP FUNCTION dq_dead_letter(uuid, text);
 DROP FUNCTION dq__check_finite(timestamptz, text);
 DROP FUNCTION dq__check_finite_elements(timestamptz[], text);
 
+-- Raising functions are VOLATILE (1.2, issue 27): the argument checkers
+-- (dq__null_check, dq__check_*), the cron parser (dq__cron_field,
+-- dq__cron_parse, dq__due_occurrences) and dq__pinned_now were IMMUTABLE or
+-- STABLE, which PostgreSQL 18 may run ahead of time and so raise for a
+-- guarded NULL (dq_stats() failed). CREATE OR REPLACE sets a function's
+-- volatility too, so the functions below make them VOLATILE: no ALTER
+-- FUNCTION is needed (tests/test_upgrade.py compares the definitions).
+
 -- @functions
 
 -- Times are readable (1.2): every time pgdq accepts, stores or returns lies

@@ -103,8 +103,10 @@ CREATE TYPE dq_delivery AS (
 
 -- The time dq.now pins the clock to (STRICT: never called when it is unset);
 -- 22023 unless it is a timestamp in the readable range (dq__valid_time).
+-- VOLATILE, as every raising function is (20_checks.sql): dq_now, VOLATILE
+-- too, inlines all the same.
 CREATE FUNCTION dq__pinned_now(setting text) RETURNS timestamptz
-LANGUAGE plpgsql STABLE STRICT
+LANGUAGE plpgsql VOLATILE STRICT
 AS $$
 DECLARE
     v_at timestamptz;

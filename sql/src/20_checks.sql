@@ -4,6 +4,18 @@
 -- naming the argument) and, where a hot path needs it, one inlinable test
 -- (dq__valid_*: true or false); every limit is written once.
 --
+-- Volatility: every function that can raise for bad input, directly or by
+-- calling one that can, is VOLATILE, and so is a LANGUAGE sql wrapper of one
+-- (it inlines into the call it wraps). The planner runs an IMMUTABLE call
+-- with constant arguments ahead of time, and a STABLE one while estimating,
+-- even one that a CASE or WHERE would never reach, and would raise for it;
+-- PostgreSQL 18 plans a LANGUAGE sql function's statements with its
+-- arguments as constants, so `SELECT dq__check_queue(queue) WHERE queue IS
+-- NOT NULL` raised for a NULL queue (issue 27). A VOLATILE call is never run
+-- early. The tests that never raise (dq__valid_*) stay IMMUTABLE or STABLE
+-- and inline; public functions keep the volatility their users see
+-- (pgtap/22_volatility.sql checks all of this).
+--
 -- Naming, in every function of sql/src: parameters carry their API names,
 -- with no prefix (queue, key, max_count, now_at), internal helpers' too;
 -- where one could be read as a column, the function name qualifies it
@@ -20,7 +32,7 @@
 -- a polymorphic helper could be outbid by an exact-type overload that a role
 -- allowed to CREATE in pgdq's schema plants there; see docs/security.md.)
 CREATE FUNCTION dq__null_check(is_null boolean, arg_name text) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     IF is_null THEN
@@ -35,7 +47,7 @@ $$;
 CREATE FUNCTION dq__check_name(
     name text, arg_name text, max_length integer
 ) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     v_length integer := pg_catalog.length(name);
@@ -82,7 +94,7 @@ AS $$ SELECT @extschema@.dq__valid_name(queue, @extschema@.dq__queue_max_length(
 
 -- Raise 22004/22023 unless queue follows the queue name rule.
 CREATE FUNCTION dq__check_queue(queue text) RETURNS void
-LANGUAGE sql IMMUTABLE
+LANGUAGE sql VOLATILE
 AS $$ SELECT @extschema@.dq__check_name(queue, 'queue', @extschema@.dq__queue_max_length()) $$;
 
 -- True when key follows the key rule (inlines, for hot paths).
@@ -92,7 +104,7 @@ AS $$ SELECT @extschema@.dq__valid_name(key, @extschema@.dq__key_max_length()) $
 
 -- Raise 22004/22023 naming arg_name unless key follows the key rule.
 CREATE FUNCTION dq__check_key(key text, arg_name text) RETURNS void
-LANGUAGE sql IMMUTABLE
+LANGUAGE sql VOLATILE
 AS $$ SELECT @extschema@.dq__check_name(key, arg_name, @extschema@.dq__key_max_length()) $$;
 
 -- The longest channel name, in characters (docs/sql-reference.md, Names).
@@ -110,7 +122,7 @@ $$;
 
 -- Raise 22023 naming arg_name unless channel is NULL or follows the rule.
 CREATE FUNCTION dq__check_channel(channel text, arg_name text) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     IF channel IS NOT NULL THEN
@@ -129,7 +141,7 @@ AS $$ SELECT 4000::pg_catalog.int4 $$;
 CREATE FUNCTION dq__check_between(
     value integer, arg_name text, low integer, high integer
 ) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     PERFORM @extschema@.dq__null_check(value IS NULL, arg_name);
@@ -143,7 +155,7 @@ $$;
 
 -- Raise 22023 naming arg_name unless value is one of allowed (NULL passes).
 CREATE FUNCTION dq__check_one_of(value text, arg_name text, allowed text[]) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     IF NOT value OPERATOR(pg_catalog.=) ANY(allowed) THEN
@@ -168,7 +180,7 @@ AS $$ SELECT lock_token IS NOT NULL AND due_at OPERATOR(pg_catalog.>) now_at $$;
 -- Raise 22004 naming the argument when the array is NULL (is_null) or has a
 -- NULL element (first_null, its position: pg_catalog.array_position(arr, NULL)).
 CREATE FUNCTION dq__check_elements(first_null integer, is_null boolean, arg_name text) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     PERFORM @extschema@.dq__null_check(is_null, arg_name);
@@ -218,10 +230,8 @@ AS $$
     END
 $$;
 
--- Raise 22023 naming arg_name unless at is NULL or in the readable range.
--- VOLATILE, as every raising check should be: the planner folds an
--- IMMUTABLE or STABLE call with constant arguments ahead of time, even one
--- that a CASE or WHERE would never reach, and would raise for it.
+-- Raise 22023 naming arg_name unless at is NULL or in the readable range
+-- (VOLATILE, as every raising check is: see Volatility above).
 CREATE FUNCTION dq__check_time(at timestamptz, arg_name text) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$

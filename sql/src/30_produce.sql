@@ -261,7 +261,7 @@ $$;
 CREATE FUNCTION dq__check_offer_arrays(
     keys text[], payloads jsonb[], scheduled_ats timestamptz[], channels text[], priorities integer[]
 ) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE

@@ -5,7 +5,7 @@
 CREATE FUNCTION dq__check_key_part(
     part text, arg_name text, max_length integer
 ) RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -34,13 +34,13 @@ $$;
 -- Raise 22004/22023 unless key_prefix (a cron key prefix, or a schedule's
 -- name: arg_name) is 1..100 characters without '/'.
 CREATE FUNCTION dq__check_key_prefix(key_prefix text, arg_name text) RETURNS void
-LANGUAGE sql IMMUTABLE
+LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT @extschema@.dq__check_key_part(key_prefix, arg_name, 100) $$;
 
 -- Raise 22004/22023 unless config_hash is 1..64 characters without '/'.
 CREATE FUNCTION dq__check_config_hash(config_hash text) RETURNS void
-LANGUAGE sql IMMUTABLE
+LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT @extschema@.dq__check_key_part(config_hash, 'config_hash', 64) $$;
 

@@ -34,7 +34,7 @@ $$;
 -- most 60 list items (no field has more values); linear in the field's
 -- length: each item is read once and the values are made in one query.
 CREATE FUNCTION dq__cron_field(spec text, field text, lo integer, hi integer) RETURNS integer[]
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -113,7 +113,7 @@ CREATE FUNCTION dq__cron_parse(
     OUT weekdays integer[],
     OUT either_day boolean
 )
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE

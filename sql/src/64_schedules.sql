@@ -130,7 +130,7 @@ $$;
 CREATE FUNCTION dq__due_occurrences(
     expression text, timezone text, next_at timestamptz, until timestamptz, keep integer
 ) RETURNS timestamptz[]
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
