@@ -2912,6 +2912,7 @@ CREATE OR REPLACE FUNCTION dq_read_messages(queue text, from_id bigint, to_id bi
 )
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see the head of this file
 AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_queue(dq_read_messages.queue) WHERE dq_read_messages.queue IS NOT NULL;
@@ -2943,6 +2944,7 @@ CREATE OR REPLACE FUNCTION dq_read_dead_letters(queue text, from_id bigint, to_i
 )
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see the head of this file
 AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_queue(dq_read_dead_letters.queue) WHERE dq_read_dead_letters.queue IS NOT NULL;
