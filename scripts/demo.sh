@@ -24,7 +24,7 @@ Next steps, from this directory (then every snippet of README.md runs as shown):
   psql "\$DATABASE_URL" -c 'SELECT * FROM dq_stats()'     # the SQL API
   python -c 'import os; from pgdq import Queue; print(Queue("pgdq_demo", os.environ["DATABASE_URL"]).offer("hello", {"hi": 1}).value)'
   pgdq worker --queue pgdq_demo --handler examples/tasks.py:log_delivery   # logs each delivery; Ctrl-C stops it
-  make serve-demo                                          # the queue over HTTP: prints the dashboard's address; Ctrl-C stops it
+  make serve-demo${PGDQ_PG:+ PG=$PGDQ_PG}                                          # the queue over HTTP: prints the dashboard's address; Ctrl-C stops it
 STEPS
 }
 if [ "${1:-}" = --next-steps ]; then
