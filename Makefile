@@ -33,8 +33,9 @@ include $(PGXS)
 endif
 endif
 
-# PG=16|17|18: the PostgreSQL major version the throwaway clusters run (scripts/pgcluster.sh)
-ifdef PG
+# PG=16|17|18 on make's command line: the PostgreSQL major version the
+# throwaway clusters run (scripts/pgcluster.sh); a PG in the environment is not it
+ifeq ($(origin PG),command line)
 export PGDQ_PG := $(PG)
 endif
 
@@ -103,7 +104,7 @@ serve-demo: $(VENV)/.stamp-serve
 spark-demo: $(VENV)/.stamp-spark
 	scripts/demo.sh examples/spark_reminders.py $(SPARK_ARGS)
 
-# every version's clusters that exist (stopping one needs no fetch)
+# every version's clusters that exist
 cluster-stop:
 	for v in 15 16 17 18; do for name in test demo bench test-shard0 test-shard1 test-shard2 test-shard3; do \
 	  if [ $$v = 15 ] || [ -e .pgdq/$$name-pg$$v ]; then PGDQ_PG=$$v scripts/pgcluster.sh stop $$name; fi; done; done

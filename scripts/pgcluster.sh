@@ -20,7 +20,9 @@ role=${2:-test}
 [[ $role =~ ^[A-Za-z0-9_-]+$ ]] || { echo "pgcluster: bad NAME '$role'" >&2; exit 2; }
 root=$(cd -P "$(dirname "$0")/.." && pwd)
 version=${PGDQ_PG:-15}
-bindir=$("$root/scripts/pgbin.sh" "$version")
+# where this version's programs are; only start fetches them (stopping,
+# say, needs no download: without them no cluster of that version runs)
+bindir=$("$root/scripts/pgbin.sh" "$version" --no-fetch)
 name=$role
 [ "$version" = 15 ] || name="$role-pg$version"
 link="$root/.pgdq/$name"
@@ -103,6 +105,7 @@ CONF
 running() { as_owner "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1; }
 
 start() {
+  "$root/scripts/pgbin.sh" "$version" >/dev/null
   init
   running && return 0
   if port_in_use "$port"; then
@@ -129,9 +132,9 @@ case "$cmd" in
   crash-restart) as_owner "$bindir/pg_ctl" -D "$data" -m immediate -w restart -l "$base/server.log" >/dev/null ;;
   status) running && echo "running on port $port ($data)" || { echo "stopped"; exit 3; } ;;
   env)
-    printf 'export PGHOST=%s PGPORT=%s PGUSER=postgres\n' "$sock" "$port"
+    printf 'export PGHOST=%q PGPORT=%q PGUSER=postgres PGDQ_PG=%q\n' "$sock" "$port" "$version"
     # this version's psql, pg_dump and pg_config first (Debian's serve 15 from /usr/bin)
-    [ "$version" = 15 ] || printf 'export PATH=%s:"$PATH"\n' "$bindir"
+    [ "$version" = 15 ] || printf 'export PATH=%q:"$PATH"\n' "$bindir"
     ;;
   dir) echo "$base" ;;
   *) echo "pgcluster: unknown command $cmd" >&2; echo "$usage" >&2; exit 2 ;;

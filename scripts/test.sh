@@ -56,25 +56,33 @@ PARALLEL=(.venv/bin/pytest -q -n 3 --dist loadfile -m "not restarts_server")
 use_version() {
   local bindir
   export PGDQ_PG=$1
+  PATH=$PATH_BEFORE # no other version's programs
   bindir=$(scripts/pgbin.sh "$1") || return 1
   make -s install PG_CONFIG="$bindir/pg_config" >/dev/null \
-    || { echo "make install into PostgreSQL $1 failed (run as root, or install pgdq's extension files first)"; return 1; }
+    || { echo "make install into PostgreSQL $1 failed (as root, or first: sudo make install PG_CONFIG=$bindir/pg_config)"; return 1; }
   scripts/pgcluster.sh start test || { echo "could not start the test cluster; see $(scripts/pgcluster.sh dir test)/server.log"; return 1; }
-  PATH=$PATH_BEFORE # no other version's programs
   eval "$(scripts/pgcluster.sh env test)"
 }
 PATH_BEFORE=$PATH
 
+# make installcheck on database $1 once the set-up that follows ($2 ...)
+# succeeded (a failed set-up fails the step: installcheck alone would
+# install the current version in its place)
+installcheck_after() {
+  local db=$1
+  shift
+  "$@" && PGDATABASE=$db make -s installcheck
+}
+
 # pgTAP on a fresh install, and on 1.0.0 and 1.1.0 upgraded in place.
 pgtap_passes() {
   local v=$1
-  fresh_db pgdq_tap
-  step "PostgreSQL $v: pgTAP, fresh install (make installcheck)" env PGDATABASE=pgdq_tap make -s installcheck
+  step "PostgreSQL $v: pgTAP, fresh install (make installcheck)" installcheck_after pgdq_tap fresh_db pgdq_tap
   [ "$mode" = check ] && return
-  upgraded_db pgdq_tap_upgraded
-  step "PostgreSQL $v: pgTAP, 1.0.0 upgraded in place" env PGDATABASE=pgdq_tap_upgraded make -s installcheck
-  upgraded_db pgdq_tap_upgraded_1_1 1.1.0
-  step "PostgreSQL $v: pgTAP, 1.1.0 upgraded in place" env PGDATABASE=pgdq_tap_upgraded_1_1 make -s installcheck
+  step "PostgreSQL $v: pgTAP, 1.0.0 upgraded in place" \
+    installcheck_after pgdq_tap_upgraded upgraded_db pgdq_tap_upgraded
+  step "PostgreSQL $v: pgTAP, 1.1.0 upgraded in place" \
+    installcheck_after pgdq_tap_upgraded_1_1 upgraded_db pgdq_tap_upgraded_1_1 1.1.0
 }
 
 # make check: the quick suites on a fresh install, a quarter of each property test's examples.
@@ -117,6 +125,8 @@ suites_other() {
 # Everything, in order (a function: the whole script is read before it runs,
 # so editing it meanwhile cannot change a run under way).
 main() {
+  [ -n "${versions// /}" ] || { echo "no PostgreSQL version to test (PGDQ_TEST_VERSIONS is empty)"; exit 2; }
+  echo "PostgreSQL versions: $versions"
   step "lint (sqlfluff, hadolint, mypy, ruff)" make -s lint
   step "generated sync code is current" .venv/bin/python python/tools/gen_sync.py --check
   step "generated step script is current" .venv/bin/python python/tools/gen_upgrade.py --check
@@ -133,7 +143,7 @@ main() {
     echo "FAILED: ${failed[*]}"
     exit 1
   fi
-  if [ "$mode" = check ]; then echo "all check steps passed (make test runs everything)"; else echo "all test steps passed"; fi
+  if [ "$mode" = check ]; then echo "all check steps passed on PostgreSQL $versions (make test runs everything)"
+  else echo "all test steps passed on PostgreSQL $versions"; fi
 }
-main
-exit
+main; exit # one line: bash has read it before main starts

@@ -58,13 +58,16 @@ def _cluster_env() -> None:
 
 
 def start_cluster(name: str) -> dict[str, str]:
-    """Start the repo's throwaway cluster name (scripts/pgcluster.sh); its PG* variables."""
+    """Start the repo's throwaway cluster name (scripts/pgcluster.sh); its PG*
+    variables, and PATH with its version's programs first (PGDQ_PG=16|17|18)."""
     subprocess.run([str(ROOT / "scripts/pgcluster.sh"), "start", name], check=True)
     out = subprocess.run(
         [str(ROOT / "scripts/pgcluster.sh"), "env", name], check=True, capture_output=True, text=True
     ).stdout
-    pairs = (assignment.partition("=")[::2] for assignment in shlex.split(out.replace("export", "")))
-    return {key: value for key, value in pairs if key.startswith("PG")}  # not PATH
+    env = dict(assignment.partition("=")[::2] for assignment in shlex.split(out.replace("export", "")))
+    if "PATH" in env:
+        env["PATH"] = env["PATH"].replace("$PATH", os.environ["PATH"])
+    return env
 
 
 def partition_databases(count: int, dbname: str = DB) -> list[str]:

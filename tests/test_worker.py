@@ -550,9 +550,9 @@ def test_crashing_consumers_end_in_the_dead_letters(tmp_path: Path, database: st
 
 
 def own_cluster() -> bool:
-    return os.environ.get("PGHOST", "").startswith(
-        subprocess.check_output([str(ROOT / "scripts/pgcluster.sh"), "dir", "test"], text=True).strip()
-    )
+    """True when PG* points at the repo's test cluster (of PGDQ_PG's version), which this test may restart."""
+    cluster = subprocess.check_output([str(ROOT / "scripts/pgcluster.sh"), "dir", "test"], text=True).strip()
+    return os.environ.get("PGHOST") == f"{cluster}/run"
 
 
 @pytest.mark.restarts_server
