@@ -211,6 +211,45 @@ def test_a_statement_timeout_while_materialising_is_the_schedules_error(database
         assert failures == 1 and error.endswith("(SQLSTATE 57014)")
 
 
+def test_a_statement_timeout_counts_from_the_statements_first_message(database: str) -> None:
+    """The extended protocol starts a statement's timeout at its Parse, and
+    statement_timestamp() at its Execute: with 300 ms between them (a client
+    that parses, then binds later), a timeout of 500 ms fires 200 ms after
+    statement_timestamp(), and is still the schedule's error, not a cancel
+    (1.1.0 took it for a cancel whenever the gap was wider than the timer's
+    lateness, and failed the poll)."""
+    queue = "cron_lock_timeout_parse"
+    with psycopg.connect(database, autocommit=True) as poller, psycopg.connect(database) as holder:
+        key = _occurrence_setup(poller, queue)
+        holder.execute("SELECT dq_offer(%s, %s, '{}', '2024-01-01 10:00+00')", (queue, key))  # not committed
+        poller.execute("SET dq.now = '2024-01-01 10:00:30+00'")
+        poller.execute("SET statement_timeout = '500ms'")
+        pgconn = poller.pgconn
+        pgconn.enter_pipeline_mode()  # Parse now, Bind and Execute later, one implicit transaction
+        pgconn.send_prepare(b"poll", b"SELECT key FROM dq_poll_many($1, 10)")
+        pgconn.flush()
+        time.sleep(0.3)  # the gap itself (not a wait for some state): Parse's clock runs meanwhile
+        pgconn.send_query_prepared(b"poll", [queue.encode()])
+        pgconn.pipeline_sync()
+        pgconn.flush()
+        results = []
+        while len(results) < 3:  # Parse's, Execute's, the Sync's
+            result = pgconn.get_result()
+            if result is not None:
+                results.append(result)
+        pgconn.exit_pipeline_mode()
+        poller.execute("SET statement_timeout = 0")
+        holder.rollback()
+        assert [r.status for r in results] == [
+            psycopg.pq.ExecStatus.COMMAND_OK,
+            psycopg.pq.ExecStatus.TUPLES_OK,
+            psycopg.pq.ExecStatus.PIPELINE_SYNC,
+        ], [r.error_message for r in results]
+        assert results[1].get_value(0, 0) == b"plain"
+        error, failures = poller.execute("SELECT last_error, failures FROM dq_schedules(%s)", (queue,)).fetchone()
+        assert failures == 1 and error.endswith("(SQLSTATE 57014)")
+
+
 def test_a_cancel_request_still_cancels_the_poll(database: str) -> None:
     """Only a statement timeout is caught: a poll waiting in a schedule's
     insert is cancelled by pg_cancel_backend as any statement is."""

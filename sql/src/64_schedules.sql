@@ -241,9 +241,16 @@ BEGIN
         EXCEPTION
             WHEN query_canceled THEN
                 -- a statement timeout is this schedule's error; a cancel
-                -- request cancels the poll
+                -- request cancels the poll. The timeout's clock starts with
+                -- the statement's first protocol message (Parse, or Bind),
+                -- statement_timestamp() at its Execute, milliseconds later
+                -- (6 ms seen with psycopg): measured from the latest time
+                -- known to precede the first message (the transaction's
+                -- start; at most 1 s before Execute), or a timeout that
+                -- fired on time would be taken for a cancel
                 IF current_setting('statement_timeout')::interval = interval '0'
-                    OR clock_timestamp() - statement_timestamp() < current_setting('statement_timeout')::interval THEN
+                    OR clock_timestamp() - greatest(transaction_timestamp(), statement_timestamp() - interval '1 second')
+                    < current_setting('statement_timeout')::interval THEN
                     RAISE;
                 END IF;
                 GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT;
