@@ -36,9 +36,10 @@ VERSION_SKIPS=("${QUICK_SKIPS[@]}" tests/test_http.py tests/test_http_attacks.py
 
 failed=()
 step() {
-  local name=$1; shift
+  local name=$1 began=$SECONDS; shift
   echo "==> $name"
-  if "$@"; then echo "<== $name: ok"; else echo "<== $name: FAILED"; failed+=("$name"); fi
+  if "$@"; then echo "<== $name: ok ($((SECONDS - began)) s)"
+  else echo "<== $name: FAILED ($((SECONDS - began)) s)"; failed+=("$name"); fi
 }
 
 fresh_db() { dropdb --if-exists -f "$1" && createdb "$1"; }
@@ -131,7 +132,7 @@ main() {
   step "generated sync code is current" .venv/bin/python python/tools/gen_sync.py --check
   step "generated step script is current" .venv/bin/python python/tools/gen_upgrade.py --check
   for v in $versions; do
-    echo "=== PostgreSQL $v"
+    echo "=== PostgreSQL $v (at $((SECONDS / 60)) min)"
     if ! use_version "$v"; then failed+=("PostgreSQL $v: set-up"); continue; fi
     pgtap_passes "$v"
     if [ "$mode" = check ]; then suites_check "$v"; elif [ "$v" = 15 ]; then suites_15; else suites_other "$v"; fi
@@ -144,6 +145,6 @@ main() {
     exit 1
   fi
   if [ "$mode" = check ]; then echo "all check steps passed on PostgreSQL $versions (make test runs everything)"
-  else echo "all test steps passed on PostgreSQL $versions"; fi
+  else echo "all test steps passed on PostgreSQL $versions in $((SECONDS / 60)) min"; fi
 }
 main; exit # one line: bash has read it before main starts
