@@ -24,8 +24,9 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import ROOT, owner
-from pgdq import AsyncDelivery, Message, Queue
-from pgdq.worker import Backoff, Retry, Route, Worker, handler, lease_lost, without_password
+from pgdq import AsyncDelivery, AsyncQueue, Message, Queue
+from pgdq._reconnect import RetryDelays
+from pgdq.worker import Backoff, Retry, Route, Worker, _Pause, handler, lease_lost, without_password
 from waiting import outstanding, wait_for
 
 NOW = datetime(2020, 1, 1, tzinfo=UTC)  # offered in the past: due at once
@@ -315,6 +316,22 @@ def test_an_undecodable_payload_is_dead_lettered_alone(database: str, queue_name
     errors = [d.error or "" for d in dead]
     assert "PayloadDecodeError" in errors[0] and "unexpected keyword argument 'extra'" in errors[0]
     assert "Reminder needs a JSON object, got list" in errors[1]
+
+
+def test_a_pause_that_ends_before_the_worker_idles_is_not_waited_out(database: str, queue_name: str) -> None:
+    """The fetch loop skips a queue whose failing poll is paused; when that
+    pause ends before the loop goes idle, the idle wait ends at once and the
+    poll is tried again, instead of after idle_cap (or the next waiting
+    line): a race that held test_a_failing_queue_is_paused_not_the_worker's
+    retries back for 20 s on a busy machine."""
+    worker = Worker({queue_name: lambda d: None}, dsn=database, idle_cap=timedelta(minutes=10))
+
+    async def go_idle() -> None:
+        async with AsyncQueue(queue_name, database) as q:
+            worker._pauses[(queue_name, "poll")] = _Pause(RetryDelays(), until=time.monotonic() - 1)  # just ended
+            await asyncio.wait_for(worker._idle({queue_name: q}, slots_free=True), timeout=15)
+
+    asyncio.run(go_idle())
 
 
 def test_a_failing_queue_is_paused_not_the_worker(

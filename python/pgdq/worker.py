@@ -240,10 +240,13 @@ class Worker:
         due: datetime | None = None
         if slots_free:
             for name, q in queues.items():
-                if paused := self._pause_left(name, "poll"):
-                    wait = min(wait, paused)
+                # a failing poll is tried again when its pause ends: at once
+                # if it ended since _consume looked (not after idle_cap)
+                if (name, "poll") in self._pauses:
+                    wait = min(wait, self._pause_left(name, "poll"))
                     continue
-                if self._pause_left(name, "next_due"):
+                if paused := self._pause_left(name, "next_due"):
+                    wait = min(wait, paused)
                     continue
                 if (at := await self._guarded(name, "next_due", q.next_due(), None)) is not None:
                     due = at if due is None else min(due, at)
