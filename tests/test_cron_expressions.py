@@ -192,6 +192,15 @@ def _occurrence_setup(conn: Any, queue: str) -> str:
     return str(row[0])
 
 
+def _hold_the_occurrence(poller: Any, holder: Any, queue: str) -> None:
+    """_occurrence_setup on queue, the 10:00 occurrence's key offered in
+    holder's open transaction, poller's clock at 10:00:30: a poll of queue
+    that materialises the schedule waits for holder."""
+    key = _occurrence_setup(poller, queue)
+    holder.execute("SELECT dq_offer(%s, %s, '{}', '2024-01-01 10:00+00')", (queue, key))  # not committed
+    poller.execute("SET dq.now = '2024-01-01 10:00:30+00'")
+
+
 def test_a_statement_timeout_while_materialising_is_the_schedules_error(database: str) -> None:
     """Another transaction holds the occurrence's key, so the poll's insert
     waits until its statement timeout fires: the poll still delivers the
@@ -199,9 +208,7 @@ def test_a_statement_timeout_while_materialising_is_the_schedules_error(database
     such poll failed)."""
     queue = "cron_lock_timeout"
     with psycopg.connect(database, autocommit=True) as poller, psycopg.connect(database) as holder:
-        key = _occurrence_setup(poller, queue)
-        holder.execute("SELECT dq_offer(%s, %s, '{}', '2024-01-01 10:00+00')", (queue, key))  # not committed
-        poller.execute("SET dq.now = '2024-01-01 10:00:30+00'")
+        _hold_the_occurrence(poller, holder, queue)
         poller.execute("SET statement_timeout = '500ms'")
         delivered = poller.execute("SELECT key FROM dq_poll_many(%s, 10)", (queue,)).fetchall()
         poller.execute("SET statement_timeout = 0")
@@ -220,9 +227,7 @@ def test_a_statement_timeout_counts_from_the_statements_first_message(database: 
     lateness, and failed the poll)."""
     queue = "cron_lock_timeout_parse"
     with psycopg.connect(database, autocommit=True) as poller, psycopg.connect(database) as holder:
-        key = _occurrence_setup(poller, queue)
-        holder.execute("SELECT dq_offer(%s, %s, '{}', '2024-01-01 10:00+00')", (queue, key))  # not committed
-        poller.execute("SET dq.now = '2024-01-01 10:00:30+00'")
+        _hold_the_occurrence(poller, holder, queue)
         poller.execute("SET statement_timeout = '500ms'")
         pgconn = poller.pgconn
         pgconn.enter_pipeline_mode()  # Parse now, Bind and Execute later, one implicit transaction
@@ -259,9 +264,7 @@ def test_a_cancel_request_still_cancels_the_poll(database: str) -> None:
         psycopg.connect(database) as holder,
         psycopg.connect(database, autocommit=True) as admin,
     ):
-        key = _occurrence_setup(poller, queue)
-        holder.execute("SELECT dq_offer(%s, %s, '{}', '2024-01-01 10:00+00')", (queue, key))  # not committed
-        poller.execute("SET dq.now = '2024-01-01 10:00:30+00'")
+        _hold_the_occurrence(poller, holder, queue)
         pid = poller.info.backend_pid
         outcome: list[BaseException] = []
 
