@@ -1,9 +1,12 @@
 # pgdq: a delayed-message queue inside PostgreSQL.
 #   make demo         set everything up and run the demo on a throwaway cluster
 #                     (DEMO_DSN=… [DEMO_YES=1]: on a database of yours, after asking)
-#   make test         set everything up and run every test (non-zero on failure)
+#   make test         set everything up and run every test on PostgreSQL 15, 16, 17 and 18
+#                     (non-zero on failure)
 #   make check        the inner loop while developing (a few minutes): lint, pgTAP and pytest on a
 #                     fresh install, without upgraded installs, routers, failover, fuzzing, browser
+#   PG=16|17|18       demo, serve-demo, spark-demo, bench and check on that PostgreSQL (default
+#                     15; scripts/pgbin.sh fetches it), test on that one alone
 #   make serve-demo   pgdq serve on the demo cluster, busy demo queues: prints the dashboard's address
 #                     (SERVE_ARGS='--port 9000'; default 8080)
 #   make install      PGXS: install the extension (then CREATE EXTENSION pgdq)
