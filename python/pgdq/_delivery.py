@@ -51,6 +51,12 @@ class Running:
             self.task.cancel()
 
 
+def named(d: AsyncDelivery) -> str:
+    """How logs name a delivery's message: queue/key, or "queue message 42"
+    for a keyless one (key None: named by its id)."""
+    return f"{d.queue}/{d.key}" if d.key is not None else f"{d.queue} message {d.id}"
+
+
 _current: contextvars.ContextVar[Running] = contextvars.ContextVar("pgdq_current")
 
 
@@ -77,7 +83,7 @@ async def deliver(run: Running) -> Outcome:
     started = time.perf_counter()
     try:
         await _call(run)
-        log.debug("%s/%s handled (attempt %d)", d.queue, d.key, d.attempts)
+        log.debug("%s handled (attempt %d)", named(d), d.attempts)
         settle, outcome = partial(run.queue.ack, d.lock_token), "handled"
     except asyncio.CancelledError:
         if run.ours:
@@ -113,7 +119,7 @@ async def _call(run: Running) -> None:
 async def _settle(run: Running, settle: Settle, outcome: Outcome) -> Outcome:
     """Write the outcome (ack / nack / dead letter), retried while the server
     is unreachable; "lost" when the lease was lost or the delivery handed back."""
-    key = f"{run.delivery.queue}/{run.delivery.key}"
+    key = named(run.delivery)
     if not run.ours:
         log.warning("%s finished after its lease was lost; left alone", key)
         return "lost"
@@ -130,7 +136,7 @@ def _retry(run: Running, retry: Retry) -> tuple[Settle, Outcome]:
     at = run.policy.next_try(d.attempts, retry.at)
     if at is None:
         return _bury(run, f"Retry requested after {count(d.attempts, 'attempt')}", "Retry requested")
-    log.debug("%s/%s: retry requested; next try at %s", d.queue, d.key, at.isoformat(timespec="seconds"))
+    log.debug("%s: retry requested; next try at %s", named(d), at.isoformat(timespec="seconds"))
     return partial(run.queue.nack, d.lock_token, at, retry.state), "retried"
 
 
@@ -142,9 +148,8 @@ def _fail(run: Running, error: Exception) -> tuple[Settle, Outcome]:
     if at is None:
         return _bury(run, error, describe(error))
     log.info(
-        "%s/%s failed (attempt %d of %d): %s; next try at %s",
-        d.queue,
-        d.key,
+        "%s failed (attempt %d of %d): %s; next try at %s",
+        named(d),
         d.attempts,
         run.policy.max_attempts,
         describe(error),
@@ -156,7 +161,7 @@ def _fail(run: Running, error: Exception) -> tuple[Settle, Outcome]:
 def _bury(run: Running, error: BaseException | str, why: str) -> tuple[Settle, Outcome]:
     """Dead-letter the delivery with error (an exception: its traceback), saying why."""
     d = run.delivery
-    log.warning("%s/%s dead-lettered (attempt %d of %d): %s", d.queue, d.key, d.attempts, run.policy.max_attempts, why)
+    log.warning("%s dead-lettered (attempt %d of %d): %s", named(d), d.attempts, run.policy.max_attempts, why)
     text = error if isinstance(error, str) else error_text(error)
     return partial(run.queue.dead_letter, d.lock_token, text), "dead_lettered"
 
@@ -170,9 +175,9 @@ async def _heartbeat(run: Running) -> None:
         await asyncio.sleep(every)
         extend = partial(run.queue.extend, d.lock_token, lease)
         delays = RetryDelays(cap=every)
-        if await retrying(f"heartbeat of {d.queue}/{d.key}", extend, log=log, delays=delays, errors=DATABASE_ERRORS):
+        if await retrying(f"heartbeat of {named(d)}", extend, log=log, delays=delays, errors=DATABASE_ERRORS):
             continue
-        log.warning("lease of %s/%s lost; its result will be ignored", d.queue, d.key)
+        log.warning("lease of %s lost; its result will be ignored", named(d))
         run.give_up()
         return
 
@@ -198,7 +203,7 @@ def _time_out(run: Running, work: asyncio.Future[Any], limit: float | None) -> H
     run.lost.set()
     work.cancel()
     what = "cancelled" if run.task is not None else "abandoned, its thread still running"
-    log.error("handler of %s/%s ran past its timeout of %s s; %s", run.queue.name, run.delivery.key, limit, what)
+    log.error("handler of %s ran past its timeout of %s s; %s", named(run.delivery), limit, what)
     return HandlerTimeout(f"the handler ran past its timeout of {limit} s")
 
 

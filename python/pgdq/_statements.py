@@ -3,7 +3,8 @@ argument checks, shared by Queue and AsyncQueue."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from functools import cache
 from typing import Any, NamedTuple
@@ -22,6 +23,13 @@ _PAYLOAD_ARRAY = (
     "ARRAY(SELECT e.v FROM pg_catalog.jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e (v, n) ORDER BY e.n)"
 )
 
+# send_many's headers travel as one JSON array document too, JSON null for an
+# element without headers (an SQL NULL element); no document: NULL, no headers
+_HEADERS_ARRAY = (
+    "(SELECT pg_catalog.array_agg(NULLIF(e.v, 'null'::jsonb) ORDER BY e.n)"
+    " FROM pg_catalog.jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e (v, n))"
+)
+
 # method name -> statement; {fn} is replaced by the (schema-qualified) function,
 # dq_ and the method name without these suffixes (variants of one function)
 _VARIANTS = ("_grouped", "_in_queue")
@@ -34,6 +42,13 @@ _TEMPLATES: dict[str, str] = {
     "offer_many_grouped": "SELECT o.outcome FROM {fn}(%s, %s::text[], "
     + _PAYLOAD_ARRAY
     + ", %s::timestamptz[], %s, %s::text[], %s::integer[]) AS o",
+    # keyless messages (1.2): sent, never deduplicated, addressed by id
+    "send": "SELECT {fn}(%s, %s::jsonb, %s::timestamptz, %s::text, %s::integer, %s::jsonb)",
+    "send_many": "SELECT s.id FROM {fn}(%s, "
+    + _PAYLOAD_ARRAY
+    + ", %s::timestamptz[], %s::text[], %s::integer[], "
+    + _HEADERS_ARRAY
+    + ") AS s (id)",
     "poll": "SELECT * FROM {fn}(%s, %s)",
     "poll_many": "SELECT * FROM {fn}(%s, %s, %s)",
     # lock tokens of any queue (a Client): the 1.1 signatures, so it works against 1.0.0 and 1.1.0 SQL
@@ -51,6 +66,8 @@ _TEMPLATES: dict[str, str] = {
     "dead_letter_in_queue": "SELECT {fn}(%s, %s::text, %s::text)",
     "cancel": "SELECT {fn}(%s, %s)",
     "get": "SELECT * FROM {fn}(%s, %s)",
+    "cancel_id": "SELECT {fn}(%s, %s::bigint)",
+    "get_id": "SELECT * FROM {fn}(%s, %s::bigint)",
     "purge": "SELECT {fn}(%s)",
     "peek": "SELECT * FROM {fn}(%s, %s::text, %s::integer)",
     "stats": "SELECT * FROM {fn}(%s::text)",
@@ -65,6 +82,8 @@ _TEMPLATES: dict[str, str] = {
     "dead_list": "SELECT * FROM {fn}(%s, %s)",
     "dead_redrive": "SELECT {fn}(%s, %s, %s)",
     "dead_purge": "SELECT {fn}(%s, %s)",
+    "dead_redrive_id": "SELECT {fn}(%s, %s::bigint, %s::timestamptz)",
+    "dead_purge_id": "SELECT {fn}(%s, %s::bigint)",
     "schedule_set": "SELECT {fn}(%s, %s, %s, %s, %s::jsonb, %s)",
     "schedule_remove": "SELECT {fn}(%s, %s)",
     "schedules": "SELECT * FROM {fn}(%s::text)",
@@ -132,6 +151,38 @@ def priority(value: Any, name: str = "priority") -> int:
     return value
 
 
+# PostgreSQL's bigint, the type of a message id
+_BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
+
+
+def message_id(value: Any, name: str = "id") -> int | None:
+    """A message id: an int that fits PostgreSQL's bigint (None stays None:
+    the server answers NullArgument)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{name} must be an int, got {type(value).__name__}")
+    if not _BIGINT_MIN <= value <= _BIGINT_MAX:
+        raise InvalidArgument(f"{name} must be between {_BIGINT_MIN} and {_BIGINT_MAX}, got {value}")
+    return value
+
+
+def headers(value: Any, name: str = "headers") -> str | None:
+    """Headers as JSON text: a mapping (a JSON object) or None."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"{name} must be a dict (a JSON object) or None, got {type(value).__name__}")
+    return _json_text(dict(value), name)
+
+
+def _json_text(value: Any, name: str) -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"))
+    except (TypeError, ValueError) as e:
+        raise InvalidArgument(f"{name} is not JSON serialisable: {e}") from e
+
+
 class Batch(NamedTuple):
     """offer_many's arrays: a list per column, None for a column no element sets."""
 
@@ -162,6 +213,67 @@ def split_messages(messages: Iterable[Message | tuple[Any, ...]]) -> Batch:
         times if any(t is not None for t in times) else None,
         channels if any(c is not None for c in channels) else None,
         priorities if any(priorities) else None,
+    )
+
+
+class SendBatch(NamedTuple):
+    """send_many's arrays: payloads, then a list per column, None for a
+    column no element sets (headers as one JSON array document)."""
+
+    payloads: list[Any]
+    times: list[datetime | None] | None
+    channels: list[str | None] | None
+    priorities: list[int] | None
+    headers: str | None
+
+
+def _column(values: Sequence[Any] | None, name: str, count: int) -> Sequence[Any] | None:
+    """A send_many column: None, or a sequence with count elements."""
+    if values is None:
+        return None
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
+        raise InvalidArgument(f"{name} must be a sequence or None, got {type(values).__name__}")
+    if len(values) != count:
+        raise InvalidArgument(f"{name} must be None or have as many elements as payloads ({count}), got {len(values)}")
+    return values
+
+
+def split_sends(
+    payloads: Iterable[Any],
+    scheduled_ats: Sequence[datetime | None] | None,
+    channels: Sequence[str | None] | None,
+    priorities: Sequence[int | None] | None,
+    headers_: Sequence[Mapping[str, Any] | None] | None,
+) -> SendBatch:
+    """The arrays of a batch of sends, checked as offer_many checks its
+    messages: aware times, int priorities, headers objects; each column as
+    long as payloads, and None when no element sets it."""
+    if isinstance(payloads, (str, bytes, Mapping)) or not isinstance(payloads, Iterable):
+        raise InvalidArgument(f"payloads must be a sequence of payloads, got {type(payloads).__name__}")
+    values = list(payloads)
+    count = len(values)
+    given_times = _column(scheduled_ats, "scheduled_ats", count)
+    given_channels = _column(channels, "channels", count)
+    given_priorities = _column(priorities, "priorities", count)
+    given_headers = _column(headers_, "headers", count)
+    times = None
+    if given_times is not None and any(at is not None for at in given_times):
+        times = [aware(at, f"scheduled_ats[{i}]") for i, at in enumerate(given_times)]
+    levels = None
+    if given_priorities is not None:
+        levels = [priority(level, f"priorities[{i}]") for i, level in enumerate(given_priorities)]
+    document = None
+    if given_headers is not None and any(h is not None for h in given_headers):
+        for i, h in enumerate(given_headers):
+            if h is not None and not isinstance(h, Mapping):
+                raise InvalidArgument(f"headers[{i}] must be a dict (a JSON object) or None, got {type(h).__name__}")
+        document = _json_text([None if h is None else dict(h) for h in given_headers], "headers")
+    return SendBatch(
+        values,
+        times,
+        list(given_channels) if given_channels is not None and any(c is not None for c in given_channels) else None,
+        levels if levels is not None and any(levels) else None,
+        document,
     )
 
 

@@ -6,7 +6,7 @@ Generated from _async_queue.py; edit that file, then run `make sync-code`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -49,11 +49,12 @@ class Delivery(DecodedPayload):
     the rest of its batch: decode_error holds a PayloadDecodeError (the
     codec's exception as its __cause__) and reading payload raises it.
     Dead-letter such a delivery (the Worker does), or ack or nack it.
+    key is None for a keyless message (sent, not offered: 1.2); id names it.
     """
 
     id: int
     queue: str
-    key: str
+    key: str | None
     raw_payload: Any
     state: Any
     scheduled_at: datetime
@@ -71,7 +72,7 @@ class Delivery(DecodedPayload):
     def ack(self, *, conn: Connection[Any] | None = None) -> None:
         """Delete the message; StaleToken if this delivery is no longer current."""
         if not self.source.ack(self.lock_token, conn=conn):
-            raise StaleToken(f"cannot ack {self.key!r}: the delivery is no longer current")
+            raise StaleToken(f"cannot ack {message_name(self.key, self.id)}: the delivery is no longer current")
 
     def nack(
         self,
@@ -84,30 +85,43 @@ class Delivery(DecodedPayload):
         """Give the message back, due at retry_at (None: now), saving state
         and recording error as its last_error if given."""
         if not self.source.nack(self.lock_token, retry_at, state, error=error, conn=conn):
-            raise StaleToken(f"cannot nack {self.key!r}: the delivery is no longer current")
+            raise StaleToken(f"cannot nack {message_name(self.key, self.id)}: the delivery is no longer current")
 
     def dead_letter(self, error: str | None = None, *, conn: Connection[Any] | None = None) -> None:
         """Give up on the message: move it to the dead letters with error."""
         if not self.source.dead_letter(self.lock_token, error, conn=conn):
-            raise StaleToken(f"cannot dead-letter {self.key!r}: the delivery is no longer current")
+            raise StaleToken(f"cannot dead-letter {message_name(self.key, self.id)}: the delivery is no longer current")
 
     def extend(self, lease: st.Lease, *, conn: Connection[Any] | None = None) -> datetime:
         """Lease until now + lease; the new lease end. StaleToken if not current."""
         until = self.source.extend(self.lock_token, lease, conn=conn)
         if until is None:
-            raise StaleToken(f"cannot extend {self.key!r}: the delivery is no longer current")
+            raise StaleToken(f"cannot extend {message_name(self.key, self.id)}: the delivery is no longer current")
         return until
 
 
-def _decoding(codec: Codec, payload: Any, queue: str, key: str) -> dict[str, Any]:
+def message_name(key: str | None, id_: int | None) -> str:
+    """How errors and logs name a message: its key quoted, or for a keyless
+    message (key None) its id, as "message 42"."""
+    return repr(key) if key is not None else f"message {id_}"
+
+
+def _decoding(codec: Codec, payload: Any, queue: str, key: str | None, id_: int | None = None) -> dict[str, Any]:
     """The DecodedPayload fields of a payload: _decoded as codec decodes it,
-    or decode_error, the PayloadDecodeError saying why not."""
+    or decode_error, the PayloadDecodeError saying why not (naming the
+    message by key, or by id_ when it has none)."""
     try:
         return {"_decoded": codec.load(payload), "decode_error": None}
     except Exception as e:  # the codec is the caller's code: any error is this message's alone
-        error = PayloadDecodeError(f"cannot decode the payload of {key!r} in queue {queue!r}: {e!r}")
+        error = PayloadDecodeError(f"cannot decode the payload of {message_name(key, id_)} in queue {queue!r}: {e!r}")
         error.__cause__ = e
         return {"_decoded": None, "decode_error": error}
+
+
+def _dead_id(rest: list[Any]) -> int | None:
+    """The id of a dq_dead_list row's fields after its payload (1.2: the
+    last of seven; None from older SQL)."""
+    return rest[6] if len(rest) > 6 else None
 
 
 def _schedules(codec: Codec, rows: list[tuple[Any, ...]]) -> list[Schedule]:
@@ -309,7 +323,7 @@ class Queue(_Base):
             channel,
             level,
             self,
-            **_decoding(self.codec, payload, queue, key),
+            **_decoding(self.codec, payload, queue, key, id_),
         )
 
     # producing
@@ -350,6 +364,56 @@ class Queue(_Base):
         else:
             rows = self._rows("offer_many_grouped", (*params, batch.channels, batch.priorities), conn)
         return [OfferResult(key, _OUTCOMES[outcome]) for key, (outcome,) in zip(batch.keys, rows, strict=True)]
+
+    def send(
+        self,
+        payload: Any,
+        *,
+        scheduled_at: datetime | None = None,
+        channel: str | None = None,
+        priority: int = 0,
+        headers: Mapping[str, Any] | None = None,
+        conn: Connection[Any] | None = None,
+    ) -> int:
+        """Send one keyless message (dq_send, 1.2): its id. Never
+        deduplicated: each send is a new message, with key None in every
+        result, addressed by its id (get_id, cancel_id, redrive_id,
+        purge_dead_letter_id). scheduled_at (aware; None: now), channel and
+        priority as for offer; headers a dict (a JSON object) kept with it."""
+        params = (
+            self.name,
+            self.codec.dumps(payload),
+            st.aware(scheduled_at, "scheduled_at"),
+            channel,
+            st.priority(priority),
+            st.headers(headers),
+        )
+        return int(self._value("send", params, conn))
+
+    def send_many(
+        self,
+        payloads: Iterable[Any],
+        *,
+        scheduled_ats: Sequence[datetime | None] | None = None,
+        channels: Sequence[str | None] | None = None,
+        priorities: Sequence[int | None] | None = None,
+        headers: Sequence[Mapping[str, Any] | None] | None = None,
+        conn: Connection[Any] | None = None,
+    ) -> list[int]:
+        """Send a batch of keyless messages (dq_send_many, 1.2): their ids,
+        in input order (ascending). scheduled_ats, channels, priorities and
+        headers are None or one element per payload, a None element meaning
+        the default (now, no channel, 0, no headers), as send takes them."""
+        batch = st.split_sends(payloads, scheduled_ats, channels, priorities, headers)
+        params = (
+            self.name,
+            dumps_array(self.codec, batch.payloads),
+            batch.times,
+            batch.channels,
+            batch.priorities,
+            batch.headers,
+        )
+        return [int(id_) for (id_,) in self._rows("send_many", params, conn)]
 
     # consuming
 
@@ -392,6 +456,20 @@ class Queue(_Base):
         queue, key_, payload, *rest = rows[0]
         return MessageInfo(queue, key_, payload, *rest, **_decoding(self.codec, payload, queue, key_))
 
+    def get_id(self, id: int, *, conn: Connection[Any] | None = None) -> MessageInfo | None:
+        """The message id of this queue (keyed or keyless) without locking
+        or changing it, or None (dq_get_id, 1.2): another queue's id is None."""
+        rows = self._rows("get_id", (self.name, st.message_id(id)), conn)
+        if not rows:
+            return None
+        queue, key, payload, *rest = rows[0]
+        return MessageInfo(queue, key, payload, *rest, **_decoding(self.codec, payload, queue, key, id))
+
+    def cancel_id(self, id: int, *, conn: Connection[Any] | None = None) -> bool:
+        """Delete the message id of this queue (keyed or keyless), leased or
+        not; True if there was one (dq_cancel_id, 1.2)."""
+        return bool(self._value("cancel_id", (self.name, st.message_id(id)), conn))
+
     def purge(self, *, conn: Connection[Any] | None = None) -> int:
         """Delete every message of the queue; how many."""
         return int(self._value("purge", (self.name,), conn))
@@ -409,7 +487,8 @@ class Queue(_Base):
     def _peeked(self, row: tuple[Any, ...]) -> PeekedMessage:
         """A peeked message of a dq_peek row (its fields in the row's order);
         an undecodable payload becomes its decode_error."""
-        return PeekedMessage(self.name, *row, **_decoding(self.codec, row[1], self.name, row[0]))
+        id_ = row[9] if len(row) > 9 else None  # 1.2: the id, last of ten
+        return PeekedMessage(self.name, *row, **_decoding(self.codec, row[1], self.name, row[0], id_))
 
     def stats(self, *, conn: Connection[Any] | None = None) -> QueueStats:
         """Ready, delayed and leased counts of the queue (dq_stats)."""
@@ -458,7 +537,7 @@ class Queue(_Base):
     def dead_letters(self, max_count: int = 100, *, conn: Connection[Any] | None = None) -> list[DeadLetter]:
         """Up to max_count dead letters, oldest failure first (dq_dead_list)."""
         rows = self._rows("dead_list", (self.name, max_count), conn)
-        return [DeadLetter(q, k, p, *rest, **_decoding(self.codec, p, q, k)) for q, k, p, *rest in rows]
+        return [DeadLetter(q, k, p, *rest, **_decoding(self.codec, p, q, k, _dead_id(rest))) for q, k, p, *rest in rows]
 
     def redrive(
         self, key: str | None = None, scheduled_at: datetime | None = None, *, conn: Connection[Any] | None = None
@@ -470,6 +549,23 @@ class Queue(_Base):
     def purge_dead_letters(self, key: str | None = None, *, conn: Connection[Any] | None = None) -> int:
         """Delete the dead letters (key's only, if given); how many (dq_dead_purge)."""
         return int(self._value("dead_purge", (self.name, key), conn))
+
+    def redrive_id(
+        self, id: int, scheduled_at: datetime | None = None, *, conn: Connection[Any] | None = None
+    ) -> int | None:
+        """Offer the dead letter id (DeadLetter.id; keyed or keyless) again,
+        due at scheduled_at (None: now): the id of the message it became, or
+        None when there is no such dead letter or its key has a live message
+        again (the dead letter stays) (dq_dead_redrive_id, 1.2). A keyless
+        one comes back as a new message, under a new id."""
+        params = (self.name, st.message_id(id), st.aware(scheduled_at, "scheduled_at"))
+        new_id = self._value("dead_redrive_id", params, conn)
+        return None if new_id is None else int(new_id)
+
+    def purge_dead_letter_id(self, id: int, *, conn: Connection[Any] | None = None) -> int:
+        """Delete the dead letter id (DeadLetter.id; keyed or keyless); how
+        many: 0 or 1 (dq_dead_purge_id, 1.2)."""
+        return int(self._value("dead_purge_id", (self.name, st.message_id(id)), conn))
 
     # recurring
 

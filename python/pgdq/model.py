@@ -57,10 +57,11 @@ class DecodedPayload:
 
 @dataclass(frozen=True)
 class MessageInfo(DecodedPayload):
-    """A message as dq_get sees it (nothing locked or changed)."""
+    """A message as dq_get (or dq_get_id) sees it (nothing locked or
+    changed); key is None for a keyless message (sent, not offered: 1.2)."""
 
     queue: str
-    key: str
+    key: str | None
     raw_payload: Any
     state: Any
     scheduled_at: datetime
@@ -83,11 +84,12 @@ class PeekedMessage(DecodedPayload):
     still comes back: decode_error holds a PayloadDecodeError (the codec's
     exception as its __cause__) and reading payload raises it.
     lease_until is set while leased; last_error is the error its last nack
-    recorded, if any.
+    recorded, if any. key is None for a keyless message (sent, not offered),
+    id is the message's id (1.2; None from older SQL).
     """
 
     queue: str
-    key: str
+    key: str | None
     raw_payload: Any
     state: Any
     scheduled_at: datetime
@@ -96,6 +98,7 @@ class PeekedMessage(DecodedPayload):
     leased: bool
     lease_until: datetime | None
     last_error: str | None
+    id: int | None = None  # since 1.2
     decode_error: PayloadDecodeError | None = field(default=None, compare=False)
     _decoded: Any = field(default=None, repr=False, compare=False)
 
@@ -145,10 +148,12 @@ class ChannelInfo:
 
 @dataclass(frozen=True)
 class DeadLetter(DecodedPayload):
-    """A message given up on (one row of dq_dead_list)."""
+    """A message given up on (one row of dq_dead_list): key is None for a
+    keyless message (sent, not offered), id the message's id when it failed
+    (1.2; None from older SQL), which redrive_id and purge_dead_letter_id take."""
 
     queue: str
-    key: str
+    key: str | None
     raw_payload: Any
     state: Any
     scheduled_at: datetime
@@ -156,6 +161,7 @@ class DeadLetter(DecodedPayload):
     attempts: int
     error: str | None
     failed_at: datetime
+    id: int | None = None  # since 1.2
     decode_error: PayloadDecodeError | None = field(default=None, compare=False)
     _decoded: Any = field(default=None, repr=False, compare=False)
 

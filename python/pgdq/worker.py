@@ -43,7 +43,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import shard
 from ._async_queue import AsyncDelivery, AsyncQueue
-from ._delivery import OUTCOMES, Outcome, Running, deliver, lease_lost
+from ._delivery import OUTCOMES, Outcome, Running, deliver, lease_lost, named
 from ._reconnect import DATABASE_ERRORS, RetryDelays, describe, is_transient, retrying
 from ._worker_metrics import OutcomeRecorder, WorkerMetrics
 from .codec import Codec
@@ -345,7 +345,7 @@ class Worker:
             run.give_up()
             handed_back = await _hand_back(run)
             where = "handed back" if handed_back else "left to its lease"
-            log.warning("%s/%s still running at shutdown; %s", run.delivery.queue, run.delivery.key, where)
+            log.warning("%s still running at shutdown; %s", named(run.delivery), where)
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
 
@@ -386,7 +386,7 @@ async def _hand_back(run: Running) -> bool:
     try:
         return await run.queue.nack(run.delivery.lock_token)
     except DATABASE_ERRORS as e:
-        log.warning("handing back %s/%s failed (%s)", run.delivery.queue, run.delivery.key, describe(e))
+        log.warning("handing back %s failed (%s)", named(run.delivery), describe(e))
         return False
 
 

@@ -115,8 +115,11 @@ class AsyncToSync(ast.NodeTransformer):
         return self.generic_visit(node)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> ast.AST:  # noqa: N802
-        """from a.b import c with each part of a.b renamed (c by visit_alias)."""
+        """from a.b import c with each part of a.b renamed (c by visit_alias);
+        from test_x_async import c (another async test's helpers) -> from test_x import c."""
         node.module = node.module and ".".join(ASYNC_TO_SYNC.get(part, part) for part in node.module.split("."))
+        if node.module and re.fullmatch(r"test_\w+_async", node.module):
+            node.module = node.module.removesuffix("_async")
         return self.generic_visit(node)
 
     def visit_alias(self, node: ast.alias) -> ast.alias:

@@ -164,7 +164,10 @@ async def _lease_for_ttr(request: Request, delivery: AsyncDelivery) -> Job:
         except (PgdqError, psycopg.Error) as e:
             log.warning("cannot lease job %r for its TTR %s s: %s", delivery.key, ttr, e)
             ttr = DEFAULT_TTR
-    return Job(id=delivery.key, value=body, TTR=ttr)
+    # a keyless message (sent, 1.2) has no key: its id stands in, which
+    # finish and delete (by key) do not find yet
+    job_id = delivery.key if delivery.key is not None else str(delivery.id)
+    return Job(id=job_id, value=body, TTR=ttr)
 
 
 async def remove_job(request: Request, job_id: str, topic: str | None, scope: str) -> bool:
