@@ -1,7 +1,7 @@
 -- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
 -- defaults, security settings, the dq_delivery type, dq_now and dq_version.
 BEGIN;
-SELECT plan(103);
+SELECT plan(115);
 
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
@@ -94,7 +94,7 @@ INSERT INTO expected VALUES
 (
     'dq_dead_list',
     'queue text, max_count integer DEFAULT 100',
-    'TABLE(queue text, key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, created_at timestamp with time zone, attempts integer, error text, failed_at timestamp with time zone)'  -- noqa: LT05
+    'TABLE(queue text, key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, created_at timestamp with time zone, attempts integer, error text, failed_at timestamp with time zone, id bigint)'  -- noqa: LT05
 ),
 (
     'dq_dead_redrive',
@@ -106,7 +106,7 @@ INSERT INTO expected VALUES
 (
     'dq_peek',
     'queue text, which text DEFAULT NULL::text, max_count integer DEFAULT 100',
-    'TABLE(key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, due_at timestamp with time zone, attempts integer, leased boolean, lease_until timestamp with time zone, last_error text)'  -- noqa: LT05
+    'TABLE(key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, due_at timestamp with time zone, attempts integer, leased boolean, lease_until timestamp with time zone, last_error text, id bigint)'  -- noqa: LT05
 ),
 (
     'dq_read_messages',
@@ -150,7 +150,30 @@ INSERT INTO expected VALUES
     'dq_dead_stats',
     'queue text DEFAULT NULL::text',
     'TABLE(queue text, dead bigint, last_failed_at timestamp with time zone)'
-);
+),
+-- keyless messages (1.2), addressed by id
+(
+    'dq_send',
+    'queue text, payload jsonb, scheduled_at timestamp with time zone DEFAULT NULL::timestamp with time zone, channel text DEFAULT NULL::text, priority integer DEFAULT 0, headers jsonb DEFAULT NULL::jsonb',  -- noqa: LT05
+    'bigint'
+),
+(
+    'dq_send_many',
+    'queue text, payloads jsonb[], scheduled_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], channels text[] DEFAULT NULL::text[], priorities integer[] DEFAULT NULL::integer[], headers jsonb[] DEFAULT NULL::jsonb[]',  -- noqa: LT05
+    'SETOF bigint'
+),
+(
+    'dq_get_id',
+    'queue text, id bigint',
+    'TABLE(queue text, key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, due_at timestamp with time zone, attempts integer, leased boolean, created_at timestamp with time zone, channel text, priority integer)'  -- noqa: LT05
+),
+('dq_cancel_id', 'queue text, id bigint', 'boolean'),
+(
+    'dq_dead_redrive_id',
+    'queue text, id bigint, scheduled_at timestamp with time zone DEFAULT NULL::timestamp with time zone',
+    'bigint'
+),
+('dq_dead_purge_id', 'queue text, id bigint', 'bigint');
 
 SELECT is(
     (

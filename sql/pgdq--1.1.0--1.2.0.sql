@@ -30,6 +30,32 @@ DROP FUNCTION dq__check_finite_elements(timestamptz[], text);
 -- volatility too, so the functions below make them VOLATILE: no ALTER
 -- FUNCTION is needed (tests/test_upgrade.py compares the definitions).
 
+-- Keyless messages (1.2): dq_send writes messages with key NULL, which the
+-- key index leaves out (a partial unique index in place of the constraint),
+-- and messages and dead letters gain headers. The new index is built first,
+-- under the SHARE lock an index build takes (reads and polls that find
+-- nothing go on; writes wait); the ALTER TABLEs then change only the
+-- catalog (no rewrite, no scan), but their ACCESS EXCLUSIVE locks last until
+-- the step commits. docs/upgrading.md gives the times.
+CREATE UNIQUE INDEX dq_messages_queue_key_1_2 ON @extschema@.dq_messages (queue, key)
+WHERE key IS NOT NULL;
+ALTER TABLE @extschema@.dq_messages
+    DROP CONSTRAINT dq_messages_queue_key,
+    ALTER COLUMN key DROP NOT NULL,
+    ADD COLUMN headers jsonb;
+ALTER INDEX @extschema@.dq_messages_queue_key_1_2 RENAME TO dq_messages_queue_key;
+CREATE UNIQUE INDEX dq_dead_letters_queue_key ON @extschema@.dq_dead_letters (queue, key)
+WHERE key IS NOT NULL;
+ALTER TABLE @extschema@.dq_dead_letters
+    DROP CONSTRAINT dq_dead_letters_pkey,
+    ALTER COLUMN key DROP NOT NULL,
+    ADD COLUMN headers jsonb;
+
+-- Result columns added (1.2): dq_peek and dq_dead_list end with the
+-- message's id, the handle of a keyless message.
+DROP FUNCTION dq_peek(text, text, integer);
+DROP FUNCTION dq_dead_list(text, integer);
+
 -- Every function of 1.2.0, as sql/src defines it.
 -- The time dq.now pins the clock to (STRICT: never called when it is unset);
 -- 22023 unless it is a timestamp in the readable range (dq__valid_time).
@@ -492,7 +518,7 @@ BEGIN
         queue, key, payload, scheduled_at, due_at, created_at, channel, priority
     )
     VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now, v_channel, v_priority)
-    ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO UPDATE
+    ON CONFLICT (queue, key) WHERE key IS NOT NULL DO UPDATE
         SET payload = excluded.payload,
             scheduled_at = excluded.scheduled_at,
             due_at = excluded.due_at,
@@ -706,6 +732,19 @@ BEGIN
     IF v_bad IS NOT NULL THEN
         PERFORM @extschema@.dq__check_key(keys[v_bad], format('keys[%s]', v_bad));
     END IF;
+    PERFORM @extschema@.dq__check_channel_elements(channels);
+END
+$$;
+
+-- Raise 22023 naming the first element of channels that is not a channel
+-- name (NULL elements pass: none).
+CREATE OR REPLACE FUNCTION dq__check_channel_elements(channels text[]) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_bad bigint;
+BEGIN
     SELECT c.ord INTO v_bad
     FROM unnest(channels) WITH ORDINALITY AS c (c, ord)
     WHERE NOT @extschema@.dq__valid_channel(c.c)
@@ -887,7 +926,7 @@ BEGIN
         SELECT v_queue, c.k, c.p, c.at, c.at, v_now, c.c, c.pr
         FROM candidates AS c
         ORDER BY c.k COLLATE "C"
-        ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO UPDATE
+        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO UPDATE
             SET payload = m.payload
             WHERE FALSE
         RETURNING m.key, m.due_at, m.channel, m.priority
@@ -979,6 +1018,178 @@ BEGIN
     ) AS c
     WHERE c.elem_ord > 0
     ORDER BY c.elem_ord;
+END
+$$;
+
+-- True when headers is NULL or a JSON object (inlines, for hot paths).
+CREATE OR REPLACE FUNCTION dq__valid_headers(headers jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT headers IS NULL OR pg_catalog.jsonb_typeof(headers) OPERATOR(pg_catalog.=) 'object' $$;
+
+-- Raise 22023 naming arg_name unless headers is NULL or a JSON object.
+CREATE OR REPLACE FUNCTION dq__check_headers(headers jsonb, arg_name text) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    IF NOT @extschema@.dq__valid_headers(headers) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format(
+                'pgdq: %s must be a JSON object or NULL, got a JSON %s', arg_name, pg_catalog.jsonb_typeof(headers)
+            );
+    END IF;
+END
+$$;
+
+-- Raise 22004/22023 unless the dq_send_many arrays are usable: payloads
+-- one-dimensional without NULLs, the others NULL or as long as payloads,
+-- their elements valid (NULL elements mean the default).
+CREATE OR REPLACE FUNCTION dq__check_send_arrays(
+    payloads jsonb[], scheduled_ats timestamptz[], channels text[], priorities integer[], headers jsonb[]
+) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_bad bigint;
+BEGIN
+    PERFORM @extschema@.dq__null_check(payloads IS NULL, 'payloads');
+    IF coalesce(array_ndims(payloads), 1) > 1
+        OR coalesce(array_ndims(scheduled_ats), 1) > 1
+        OR coalesce(array_ndims(channels), 1) > 1
+        OR coalesce(array_ndims(priorities), 1) > 1
+        OR coalesce(array_ndims(headers), 1) > 1 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = 'pgdq: payloads, scheduled_ats, channels, priorities and headers must be one-dimensional arrays';
+    END IF;
+    IF cardinality(scheduled_ats) <> cardinality(payloads)
+        OR cardinality(channels) <> cardinality(payloads)
+        OR cardinality(priorities) <> cardinality(payloads)
+        OR cardinality(headers) <> cardinality(payloads) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = format(
+                'pgdq: scheduled_ats, channels, priorities and headers must be NULL or have as many elements as payloads (%s), got %s, %s, %s and %s',
+                cardinality(payloads),
+                coalesce(cardinality(scheduled_ats)::text, 'NULL'), coalesce(cardinality(channels)::text, 'NULL'),
+                coalesce(cardinality(priorities)::text, 'NULL'), coalesce(cardinality(headers)::text, 'NULL')
+            );
+    END IF;
+    PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(payloads, NULL), FALSE, 'payloads');
+    PERFORM @extschema@.dq__check_time_elements(scheduled_ats, 'scheduled_ats');
+    PERFORM @extschema@.dq__check_channel_elements(channels);
+    SELECT h.ord INTO v_bad
+    FROM unnest(headers) WITH ORDINALITY AS h (h, ord)
+    WHERE NOT @extschema@.dq__valid_headers(h.h)
+    ORDER BY h.ord
+    LIMIT 1;
+    IF v_bad IS NOT NULL THEN
+        PERFORM @extschema@.dq__check_headers(headers[v_bad], format('headers[%s]', v_bad));
+    END IF;
+END
+$$;
+
+-- Send one keyless message; its id (docs/sql-reference.md, Keyless messages).
+CREATE OR REPLACE FUNCTION dq_send(
+    queue text,
+    payload jsonb,
+    scheduled_at timestamptz DEFAULT NULL,
+    channel text DEFAULT NULL,
+    priority integer DEFAULT 0,
+    headers jsonb DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := @extschema@.dq_now();
+    v_at timestamptz := coalesce(dq_send.scheduled_at, v_now);
+    v_channel text := coalesce(dq_send.channel, '');
+    v_priority integer := coalesce(dq_send.priority, 0);
+    v_id bigint;
+BEGIN
+    -- one cheap test on the hot path; the checks say what is wrong
+    IF NOT @extschema@.dq__valid_queue(dq_send.queue)
+        OR dq_send.payload IS NULL
+        OR NOT @extschema@.dq__valid_time(dq_send.scheduled_at)
+        OR NOT @extschema@.dq__valid_channel(dq_send.channel)
+        OR NOT @extschema@.dq__valid_headers(dq_send.headers) THEN
+        PERFORM @extschema@.dq__check_queue(dq_send.queue);
+        PERFORM @extschema@.dq__null_check(dq_send.payload IS NULL, 'payload');
+        PERFORM @extschema@.dq__check_time(dq_send.scheduled_at, 'scheduled_at');
+        PERFORM @extschema@.dq__check_channel(dq_send.channel, 'channel');
+        PERFORM @extschema@.dq__check_headers(dq_send.headers, 'headers');
+    END IF;
+    INSERT INTO @extschema@.dq_messages (
+        queue, payload, scheduled_at, due_at, created_at, channel, priority, headers
+    )
+    VALUES (dq_send.queue, dq_send.payload, v_at, v_at, v_now, v_channel, v_priority, dq_send.headers)
+    RETURNING id INTO v_id;
+    IF v_channel = '' AND v_priority = 0 THEN
+        PERFORM @extschema@.dq__wake_if_head(dq_send.queue, v_at);
+    ELSE
+        PERFORM @extschema@.dq__offers_written(
+            dq_send.queue, ARRAY[v_channel], ARRAY[v_priority], ARRAY[v_at], ARRAY[FALSE], v_now
+        );
+    END IF;
+    RETURN v_id;
+END
+$$;
+
+-- Send a batch of keyless messages; their ids, in input order.
+CREATE OR REPLACE FUNCTION dq_send_many(
+    queue text,
+    payloads jsonb[],
+    scheduled_ats timestamptz[] DEFAULT NULL,
+    channels text[] DEFAULT NULL,
+    priorities integer[] DEFAULT NULL,
+    headers jsonb[] DEFAULT NULL
+) RETURNS SETOF bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := @extschema@.dq_now();
+    v_ids bigint[];
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_send_many.queue);
+    PERFORM @extschema@.dq__check_send_arrays(payloads, scheduled_ats, channels, priorities, headers);
+    IF cardinality(payloads) = 0 THEN
+        RETURN;
+    END IF;
+    -- Ids come from the identity in the order rows are inserted, which the
+    -- ORDER BY sets: ascending ids are the input order.
+    WITH sent AS (
+        INSERT INTO @extschema@.dq_messages AS m (
+            queue, payload, scheduled_at, due_at, created_at, channel, priority, headers
+        )
+        SELECT
+            dq_send_many.queue, e.p, coalesce(e.s, v_now), coalesce(e.s, v_now), v_now,
+            coalesce(e.c, ''), coalesce(e.pr, 0), e.h
+        FROM unnest(payloads, scheduled_ats, channels, priorities, headers) WITH ORDINALITY AS e (p, s, c, pr, h, ord)
+        ORDER BY e.ord
+        RETURNING m.id
+    )
+
+    SELECT array_agg(s.id ORDER BY s.id) INTO v_ids FROM sent AS s;
+    IF channels IS NULL AND priorities IS NULL THEN
+        PERFORM @extschema@.dq__wake_if_head(dq_send_many.queue, CASE
+            WHEN scheduled_ats IS NULL THEN v_now
+            ELSE (SELECT min(coalesce(s.s, v_now)) FROM unnest(scheduled_ats) AS s (s))
+        END);
+    ELSE
+        PERFORM @extschema@.dq__offers_written(
+            dq_send_many.queue, channels, priorities,
+            ARRAY(SELECT coalesce(e.s, v_now) FROM unnest(payloads, scheduled_ats) AS e (p, s)),
+            NULL::boolean[], v_now
+        );
+    END IF;
+    RETURN QUERY SELECT unnest(v_ids);
 END
 $$;
 
@@ -1178,14 +1389,15 @@ BEGIN
         PERFORM @extschema@.dq__check_queue(dq_ack_many.queue);
     END IF;
     -- Rows are locked in (queue, key) order, the order dq_offer_many locks
-    -- in, so a batch ack and a batch offer never deadlock.
+    -- in, so a batch ack and a batch offer never deadlock (keyless messages,
+    -- which no offer locks, last, by id).
     v_rows := ARRAY(
         SELECT m.ctid
         FROM @extschema@.dq_messages AS m
         INNER JOIN unnest(lock_tokens) AS t (token)
             ON m.id = @extschema@.dq__token_id(t.token) AND m.lock_token = t.token
         WHERE dq_ack_many.queue IS NULL OR m.queue = dq_ack_many.queue
-        ORDER BY m.queue, m.key
+        ORDER BY m.queue, m.key, m.id
         FOR UPDATE OF m
     );
     -- Locked by this transaction, the rows are still at those addresses
@@ -2203,13 +2415,13 @@ AS $$
         DELETE FROM @extschema@.dq_messages AS m
         WHERE m.id = ANY(dq__bury.ids)
         RETURNING m.queue, m.key, m.id, m.payload, m.state, m.scheduled_at, m.created_at, m.attempts,
-            m.lock_token IS NULL AS nacked, m.last_error, m.channel, m.priority
+            m.lock_token IS NULL AS nacked, m.last_error, m.channel, m.priority, m.headers
     ),
 
     buried AS (
         INSERT INTO @extschema@.dq_dead_letters AS d (
             queue, key, id, payload, state, scheduled_at, created_at, attempts, error, failed_at,
-            channel, priority
+            channel, priority, headers
         )
         SELECT mv.queue, mv.key, mv.id, mv.payload, mv.state, mv.scheduled_at, mv.created_at, mv.attempts,
             CASE
@@ -2217,10 +2429,11 @@ AS $$
                 ELSE @extschema@.dq__gave_up_error(dq__bury.max_attempts, mv.nacked, mv.last_error)
             END,
             dq__bury.failed_at,
-            mv.channel, mv.priority
+            mv.channel, mv.priority, mv.headers
         FROM moved AS mv
-        ORDER BY mv.queue, mv.key
-        ON CONFLICT ON CONSTRAINT dq_dead_letters_pkey DO UPDATE
+        ORDER BY mv.queue, mv.key, mv.id
+        -- a keyed message replaces its key's dead letter; a keyless one adds its own
+        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO UPDATE
             SET id = excluded.id,
                 payload = excluded.payload,
                 state = excluded.state,
@@ -2230,7 +2443,8 @@ AS $$
                 error = excluded.error,
                 failed_at = excluded.failed_at,
                 channel = excluded.channel,
-                priority = excluded.priority
+                priority = excluded.priority,
+                headers = excluded.headers
         RETURNING 1
     )
 
@@ -2282,13 +2496,18 @@ AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_queue(dq_dead_stats.queue) WHERE dq_dead_stats.queue IS NOT NULL;
     SELECT d.queue::text, count(*), max(d.failed_at)
-    FROM @extschema@.dq_dead_letters AS d
-    WHERE dq_dead_stats.queue IS NULL OR d.queue = dq_dead_stats.queue
+    FROM (
+        -- every queue, or only the named one's range (1.2: it read every queue)
+        SELECT a.queue, a.failed_at FROM @extschema@.dq_dead_letters AS a WHERE dq_dead_stats.queue IS NULL
+        UNION ALL
+        SELECT o.queue, o.failed_at FROM @extschema@.dq_dead_letters AS o WHERE o.queue = dq_dead_stats.queue
+    ) AS d
     GROUP BY d.queue
     ORDER BY 1;
 $$;
 
--- Up to max_count of queue's dead letters, oldest failure first.
+-- Up to max_count of queue's dead letters, oldest failure first (then by
+-- key, keyless ones last, by id).
 CREATE OR REPLACE FUNCTION dq_dead_list(queue text, max_count integer DEFAULT 100) RETURNS TABLE (
     queue text,
     key text,
@@ -2298,7 +2517,8 @@ CREATE OR REPLACE FUNCTION dq_dead_list(queue text, max_count integer DEFAULT 10
     created_at timestamptz,
     attempts integer,
     error text,
-    failed_at timestamptz
+    failed_at timestamptz,
+    id bigint  -- since 1.2: the message's id when it failed
 )
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -2307,10 +2527,11 @@ AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_queue(dq_dead_list.queue);
     SELECT @extschema@.dq__null_check(dq_dead_list.max_count IS NULL, 'max_count');
-    SELECT d.queue::text, d.key::text, d.payload, d.state, d.scheduled_at, d.created_at, d.attempts, d.error, d.failed_at
+    SELECT d.queue::text, d.key::text, d.payload, d.state, d.scheduled_at, d.created_at, d.attempts, d.error, d.failed_at,
+        d.id
     FROM @extschema@.dq_dead_letters AS d
     WHERE d.queue = dq_dead_list.queue
-    ORDER BY d.failed_at, d.key
+    ORDER BY d.failed_at, d.key, d.id
     LIMIT greatest(dq_dead_list.max_count, 0);
 $$;
 
@@ -2331,86 +2552,242 @@ DECLARE
     v_queue text := dq_dead_redrive.queue;
     v_key text := dq_dead_redrive.key;
     v_at timestamptz := coalesce(dq_dead_redrive.scheduled_at, v_now);
-    v_offered text[];
-    v_count integer;
-    v_channels text[];
-    v_priorities integer[];
+    v_count integer := 0;
 BEGIN
     PERFORM @extschema@.dq__check_queue(v_queue);
     IF v_key IS NOT NULL THEN
         PERFORM @extschema@.dq__check_key(v_key, 'key');
     END IF;
     PERFORM @extschema@.dq__check_time(dq_dead_redrive.scheduled_at, 'scheduled_at');
+    v_count := @extschema@.dq__redrive_keyed(v_queue, v_key, v_at, v_now);
+    -- keyless dead letters come back as new keyless messages (1.2)
+    IF v_key IS NULL THEN
+        v_count := v_count + cardinality(@extschema@.dq__redrive_keyless(v_queue, NULL::bigint[], v_at, v_now));
+    END IF;
+    RETURN v_count;
+END
+$$;
+
+-- Move queue's keyed dead letters (only key's when given) back into the
+-- queue due at at, but those whose key has a live message; the number moved.
+-- Every statement goes by index probes, arrays and row addresses, whatever
+-- the table statistics say (pgtap/99_stale_statistics.sql): with them stale,
+-- the check for live keys was planned as a scan of the queue's messages for
+-- each dead letter (1.1; minutes for 50,000). enable_seqscan = off keeps a
+-- table that looks empty from being scanned instead of probed.
+CREATE OR REPLACE FUNCTION dq__redrive_keyed(queue text, key text, at timestamptz, now_at timestamptz) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_offered text[];        -- the keys offered, in key order
+    v_offered_rows tid[];    -- their new messages (this transaction's rows)
+    v_dead_rows tid[];
+    v_keys text[];           -- the keys whose dead letters were removed, in key order
+    v_payloads jsonb[];
+    v_channels text[];
+    v_priorities integer[];
+    v_headers jsonb[];
+BEGIN
     -- Lock order (docs/sql-reference.md, Concurrency): messages in key
     -- order, then dead letters in key order, the order a bury takes them in
     -- (it holds the message when it writes the dead letter). So first the
     -- messages. ON CONFLICT DO NOTHING skips every key that has a live
-    -- message, however recently offered; NOT EXISTS only spares most of them
-    -- an insert. Both go by this statement's snapshot, which is stale after
-    -- an insert waited (for an offer, ack or bury of that key): meanwhile a
-    -- later key may have been offered, leased and buried again, its dead
-    -- letter replaced (or purged). The next statement sets that right.
+    -- message, however recently offered; the probe skips those this
+    -- session sees, so that a key a poll is burying is left alone without
+    -- waiting for that poll. Both go by this statement's snapshot, which is
+    -- stale after an insert waited (for an offer, ack or bury of that key):
+    -- meanwhile a later key may have been buried again, its dead letter
+    -- replaced (or purged). The statements after it set that right.
     WITH offered AS (
         INSERT INTO @extschema@.dq_messages AS m (
-            queue, key, payload, scheduled_at, due_at, created_at, channel, priority
+            queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
         )
-        SELECT v_queue, d.key, d.payload, v_at, v_at, v_now, d.channel, d.priority
+        SELECT dq__redrive_keyed.queue, d.key, d.payload, at, at, now_at, d.channel, d.priority, d.headers
         FROM @extschema@.dq_dead_letters AS d
-        WHERE d.queue = v_queue AND (v_key IS NULL OR d.key = v_key)
-            AND NOT EXISTS (
-                SELECT FROM @extschema@.dq_messages AS live
-                WHERE live.queue = v_queue AND live.key = d.key
-            )
+        WHERE d.queue = dq__redrive_keyed.queue AND d.key IS NOT NULL
+            AND (dq__redrive_keyed.key IS NULL OR d.key = dq__redrive_keyed.key)
+            -- a probe of the key index per dead letter (not NOT EXISTS, which
+            -- a join may turn into a scan of the queue per dead letter)
+            AND (
+                SELECT live.id FROM @extschema@.dq_messages AS live
+                WHERE live.queue = dq__redrive_keyed.queue AND live.key = d.key
+            ) IS NULL
         ORDER BY d.key
-        ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO NOTHING
-        RETURNING m.key
+        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
+        RETURNING m.key, m.ctid
     )
 
-    SELECT coalesce(array_agg(offered.key), '{}') INTO v_offered FROM offered;
+    SELECT coalesce(array_agg(o.key ORDER BY o.key), '{}'), coalesce(array_agg(o.ctid ORDER BY o.key), '{}')
+    INTO v_offered, v_offered_rows
+    FROM offered AS o;
+    IF cardinality(v_offered) = 0 THEN
+        RETURN 0;
+    END IF;
 
-    -- Then their dead letters, locked afresh in key order and removed. Each
-    -- new message takes the payload of the dead letter removed (a newer one
-    -- when its key was buried again while the insert waited), and one whose
-    -- dead letter is gone is withdrawn: what is re-offered is exactly what
-    -- is removed. Those messages are this call's own rows: nothing waits.
-    WITH doomed AS (
-        SELECT d.key FROM @extschema@.dq_dead_letters AS d
-        WHERE d.queue = v_queue AND d.key = ANY(v_offered)
+    -- Then their dead letters, locked afresh in key order and removed (a
+    -- second statement: its snapshot sees the versions just locked).
+    v_dead_rows := ARRAY(
+        SELECT d.ctid FROM @extschema@.dq_dead_letters AS d
+        WHERE d.queue = dq__redrive_keyed.queue AND d.key = ANY(v_offered)
         ORDER BY d.key
         FOR UPDATE
-    ),
-
-    removed AS (
+    );
+    WITH removed AS (
         DELETE FROM @extschema@.dq_dead_letters AS d
-        USING doomed
-        WHERE d.queue = v_queue AND d.key = doomed.key
-        RETURNING d.key, d.payload, d.channel, d.priority
-    ),
-
-    refreshed AS (
-        UPDATE @extschema@.dq_messages AS m
-        SET payload = r.payload, channel = r.channel, priority = r.priority
-        FROM removed AS r
-        WHERE m.queue = v_queue AND m.key = r.key
-            AND (m.payload <> r.payload OR m.channel <> r.channel OR m.priority <> r.priority)
-    ),
-
-    withdrawn AS (
-        DELETE FROM @extschema@.dq_messages AS m
-        WHERE m.queue = v_queue AND m.key = ANY(v_offered)
-            AND NOT EXISTS (SELECT FROM removed AS r WHERE r.key = m.key)
+        WHERE d.ctid = ANY(v_dead_rows)
+        RETURNING d.key, d.payload, d.channel, d.priority, d.headers
     )
 
-    SELECT count(*)::integer, array_agg(r.channel), array_agg(r.priority)
-    INTO v_count, v_channels, v_priorities
+    SELECT
+        coalesce(array_agg(r.key ORDER BY r.key), '{}'), array_agg(r.payload ORDER BY r.key),
+        array_agg(r.channel ORDER BY r.key), array_agg(r.priority ORDER BY r.key),
+        array_agg(r.headers ORDER BY r.key)
+    INTO v_keys, v_payloads, v_channels, v_priorities, v_headers
     FROM removed AS r;
-    IF v_count > 0 THEN
-        PERFORM @extschema@.dq__offers_written(
-            v_queue, v_channels, v_priorities,
-            array_fill(v_at, ARRAY[v_count]), NULL::boolean[], v_now
-        );
+
+    -- What is re-offered is exactly what was removed: a message whose dead
+    -- letter is gone is withdrawn, and each other one takes the content of
+    -- the dead letter removed (a newer one when its key was buried again
+    -- meanwhile). Usually there is nothing to set right.
+    IF v_keys IS DISTINCT FROM v_offered THEN
+        v_offered_rows := @extschema@.dq__withdraw(v_offered, v_offered_rows, v_keys);
     END IF;
-    RETURN v_count;
+    UPDATE @extschema@.dq_messages AS m
+    SET payload = r.payload, channel = r.channel, priority = r.priority, headers = r.headers
+    FROM unnest(v_offered_rows, v_payloads, v_channels, v_priorities, v_headers) AS r (row_at, payload, channel, priority, headers)
+    WHERE m.ctid = r.row_at
+        AND (m.payload, m.channel, m.priority, m.headers) IS DISTINCT FROM (r.payload, r.channel, r.priority, r.headers);
+
+    PERFORM @extschema@.dq__offers_written(
+        dq__redrive_keyed.queue, v_channels, v_priorities,
+        array_fill(at, ARRAY[cardinality(v_keys)]), NULL::boolean[], now_at
+    );
+    RETURN cardinality(v_keys);
+END
+$$;
+
+-- Delete the messages of offered (keys in key order, at rows) whose key is
+-- not in kept (a subsequence of offered): the rows of the rest, in order.
+-- One merge pass over the two sorted arrays.
+CREATE OR REPLACE FUNCTION dq__withdraw(offered text[], rows tid[], kept text[]) RETURNS tid[]
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_kept_rows tid[] := '{}';
+    v_gone tid[] := '{}';
+    v_next integer := 1;  -- the next key of kept to meet
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(offered), 0) LOOP
+        IF v_next <= cardinality(kept) AND offered[i] = kept[v_next] THEN
+            v_kept_rows := v_kept_rows || rows[i];
+            v_next := v_next + 1;
+        ELSE
+            v_gone := v_gone || rows[i];
+        END IF;
+    END LOOP;
+    DELETE FROM @extschema@.dq_messages AS m WHERE m.ctid = ANY(v_gone);
+    RETURN v_kept_rows;
+END
+$$;
+
+-- Move queue's keyless dead letters (only those of ids, when not NULL) back
+-- into the queue as new keyless messages due at at: their new ids, in the
+-- order of their old ones. Locks the dead letters in id order.
+CREATE OR REPLACE FUNCTION dq__redrive_keyless(queue text, ids bigint[], at timestamptz, now_at timestamptz)
+RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_rows tid[];
+    v_new bigint[];
+    v_channels text[];
+    v_priorities integer[];
+BEGIN
+    v_rows := ARRAY(
+        SELECT d.ctid FROM @extschema@.dq_dead_letters AS d
+        WHERE d.queue = dq__redrive_keyless.queue AND d.key IS NULL
+            AND (dq__redrive_keyless.ids IS NULL OR d.id = ANY(dq__redrive_keyless.ids))
+        ORDER BY d.id
+        FOR UPDATE
+    );
+    IF cardinality(v_rows) = 0 THEN
+        RETURN '{}';
+    END IF;
+    -- keyless dead letters are never updated, only deleted: the addresses
+    -- locked are the versions this statement sees (a TID scan, whatever the
+    -- statistics say)
+    WITH removed AS (
+        DELETE FROM @extschema@.dq_dead_letters AS d
+        WHERE d.ctid = ANY(v_rows)
+        RETURNING d.id, d.payload, d.channel, d.priority, d.headers
+    ),
+
+    offered AS (
+        INSERT INTO @extschema@.dq_messages AS m (
+            queue, payload, scheduled_at, due_at, created_at, channel, priority, headers
+        )
+        SELECT dq__redrive_keyless.queue, r.payload, at, at, now_at, r.channel, r.priority, r.headers
+        FROM removed AS r
+        ORDER BY r.id
+        RETURNING m.id, m.channel, m.priority
+    )
+
+    SELECT array_agg(o.id ORDER BY o.id), array_agg(o.channel), array_agg(o.priority)
+    INTO v_new, v_channels, v_priorities
+    FROM offered AS o;
+    PERFORM @extschema@.dq__offers_written(
+        queue, v_channels, v_priorities, array_fill(at, ARRAY[cardinality(v_new)]), NULL::boolean[], now_at
+    );
+    RETURN v_new;
+END
+$$;
+
+-- Offer queue's dead letter id again (keyed or keyless), due at
+-- scheduled_at (NULL: now), as dq_dead_redrive does: the id of the message
+-- it became; NULL when queue has no such dead letter, or when its key has a
+-- live message again (the dead letter stays).
+CREATE OR REPLACE FUNCTION dq_dead_redrive_id(
+    queue text,
+    id bigint,
+    scheduled_at timestamptz DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := @extschema@.dq_now();
+    v_key text;
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_dead_redrive_id.queue);
+    PERFORM @extschema@.dq__null_check(dq_dead_redrive_id.id IS NULL, 'id');
+    PERFORM @extschema@.dq__check_time(dq_dead_redrive_id.scheduled_at, 'scheduled_at');
+    -- (ids of dead letters restored from a 1.0.0 dump may repeat: the first key)
+    SELECT d.key INTO v_key
+    FROM @extschema@.dq_dead_letters AS d
+    WHERE d.queue = dq_dead_redrive_id.queue AND d.id = dq_dead_redrive_id.id
+    ORDER BY d.key NULLS FIRST
+    LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    ELSIF v_key IS NULL THEN
+        RETURN (@extschema@.dq__redrive_keyless(
+            dq_dead_redrive_id.queue, ARRAY[dq_dead_redrive_id.id],
+            coalesce(dq_dead_redrive_id.scheduled_at, v_now), v_now
+        ))[1];
+    ELSIF @extschema@.dq_dead_redrive(dq_dead_redrive_id.queue, v_key, dq_dead_redrive_id.scheduled_at) = 0 THEN
+        RETURN NULL;
+    END IF;
+    RETURN (
+        SELECT m.id FROM @extschema@.dq_messages AS m
+        WHERE m.queue = dq_dead_redrive_id.queue AND m.key = v_key
+    );
 END
 $$;
 
@@ -2419,28 +2796,58 @@ CREATE OR REPLACE FUNCTION dq_dead_purge(queue text, key text DEFAULT NULL) RETU
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-#variable_conflict use_column
 DECLARE
     v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
-    v_deleted bigint;
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_dead_purge.queue);
     IF dq_dead_purge.key IS NOT NULL THEN
         PERFORM @extschema@.dq__check_key(dq_dead_purge.key, 'key');
     END IF;
-    -- Locks in key order, like every multi-row writer (a poll burying
-    -- messages upserts their dead letters in key order), so none deadlock.
-    WITH doomed AS (
-        SELECT d.key FROM @extschema@.dq_dead_letters AS d
-        WHERE d.queue = dq_dead_purge.queue
-            AND (dq_dead_purge.key IS NULL OR d.key = dq_dead_purge.key)
-        ORDER BY d.key
-        FOR UPDATE
-    )
+    RETURN @extschema@.dq__dead_delete(dq_dead_purge.queue, dq_dead_purge.key, NULL::bigint);
+END
+$$;
 
+-- Delete queue's dead letter id (keyed or keyless, since 1.2); the count
+-- deleted (more than one only for ids a 1.0.0 dump restored twice).
+CREATE OR REPLACE FUNCTION dq_dead_purge_id(queue text, id bigint) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_dead_purge_id.queue);
+    PERFORM @extschema@.dq__null_check(dq_dead_purge_id.id IS NULL, 'id');
+    RETURN @extschema@.dq__dead_delete(dq_dead_purge_id.queue, NULL::text, dq_dead_purge_id.id);
+END
+$$;
+
+-- Delete queue's dead letters, only key's and only id's when given; the
+-- count deleted. Locks in key order (keyless ones last, by id), like every
+-- multi-row writer (a poll burying messages upserts their dead letters in
+-- that order), so none deadlock; deletes by address, a TID scan whatever
+-- the statistics say.
+CREATE OR REPLACE FUNCTION dq__dead_delete(queue text, key text, id bigint) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_rows tid[];
+    v_deleted bigint;
+BEGIN
+    -- a locked row may have been replaced meanwhile (a key buried again):
+    -- the second statement's fresh snapshot sees the version locked
+    v_rows := ARRAY(
+        SELECT d.ctid FROM @extschema@.dq_dead_letters AS d
+        WHERE d.queue = dq__dead_delete.queue
+            AND (dq__dead_delete.key IS NULL OR d.key = dq__dead_delete.key)
+            AND (dq__dead_delete.id IS NULL OR d.id = dq__dead_delete.id)
+        ORDER BY d.key, d.id
+        FOR UPDATE
+    );
     DELETE FROM @extschema@.dq_dead_letters AS d
-    USING doomed
-    WHERE d.queue = dq_dead_purge.queue AND d.key = doomed.key;
+    WHERE d.ctid = ANY(v_rows);
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
     RETURN v_deleted;
 END
@@ -2451,23 +2858,78 @@ CREATE OR REPLACE FUNCTION dq_cancel(queue text, key text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_cancel.queue);
+    PERFORM @extschema@.dq__check_key(dq_cancel.key, 'key');
+    RETURN @extschema@.dq__cancel(dq_cancel.queue, (
+        SELECT m.id FROM @extschema@.dq_messages AS m
+        WHERE m.queue = dq_cancel.queue AND m.key = dq_cancel.key
+    ));
+END
+$$;
+
+-- Delete queue's message id (keyed or keyless, since 1.2), leased or not;
+-- true if one was deleted.
+CREATE OR REPLACE FUNCTION dq_cancel_id(queue text, id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_cancel_id.queue);
+    PERFORM @extschema@.dq__null_check(dq_cancel_id.id IS NULL, 'id');
+    RETURN @extschema@.dq__cancel(dq_cancel_id.queue, dq_cancel_id.id);
+END
+$$;
+
+-- Delete queue's message id (NULL: none), freeing the slot its lease held;
+-- true if one was deleted. The one place that cancels.
+CREATE OR REPLACE FUNCTION dq__cancel(queue text, id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
     v_channel text;
     v_due_at timestamptz;
 BEGIN
-    PERFORM @extschema@.dq__check_queue(dq_cancel.queue);
-    PERFORM @extschema@.dq__check_key(dq_cancel.key, 'key');
     DELETE FROM @extschema@.dq_messages AS m
-    WHERE m.queue = dq_cancel.queue AND m.key = dq_cancel.key
+    WHERE m.id = dq__cancel.id AND m.queue = dq__cancel.queue
     RETURNING m.channel, CASE WHEN m.lock_token IS NOT NULL THEN m.due_at END INTO v_channel, v_due_at;
     IF NOT FOUND THEN
         RETURN FALSE;
     END IF;
-    PERFORM @extschema@.dq__leases_ended(ARRAY[dq_cancel.queue], ARRAY[v_channel], ARRAY[v_due_at], v_now);
+    PERFORM @extschema@.dq__leases_ended(ARRAY[dq__cancel.queue], ARRAY[v_channel], ARRAY[v_due_at], v_now);
     RETURN TRUE;
 END
+$$;
+
+-- queue's message id (NULL: none) as dq_get describes it: the one place
+-- that does.
+CREATE OR REPLACE FUNCTION dq__get(queue text, id bigint) RETURNS TABLE (
+    queue text,
+    key text,
+    payload jsonb,
+    state jsonb,
+    scheduled_at timestamptz,
+    due_at timestamptz,
+    attempts integer,
+    leased boolean,
+    created_at timestamptz,
+    channel text,
+    priority integer
+)
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT
+        m.queue::text, m.key::text, m.payload, m.state, m.scheduled_at,
+        m.due_at, m.attempts,
+        @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at),
+        m.created_at, nullif(m.channel, '')::text, m.priority
+    FROM @extschema@.dq_messages AS m
+    CROSS JOIN @extschema@.dq_now() AS n (now_at)
+    WHERE m.id = dq__get.id AND m.queue = dq__get.queue;
 $$;
 
 -- Read one message without locking or changing it (zero or one row).
@@ -2490,14 +2952,33 @@ AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_queue(dq_get.queue);
     SELECT @extschema@.dq__check_key(dq_get.key, 'key');
-    SELECT
-        m.queue::text, m.key::text, m.payload, m.state, m.scheduled_at,
-        m.due_at, m.attempts,
-        @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at),
-        m.created_at, nullif(m.channel, '')::text, m.priority
-    FROM @extschema@.dq_messages AS m
-    CROSS JOIN @extschema@.dq_now() AS n (now_at)
-    WHERE m.queue = dq_get.queue AND m.key = dq_get.key;
+    SELECT d.* FROM @extschema@.dq__get(dq_get.queue, (
+        SELECT m.id FROM @extschema@.dq_messages AS m
+        WHERE m.queue = dq_get.queue AND m.key = dq_get.key
+    )) AS d;
+$$;
+
+-- Read queue's message id (keyed or keyless, since 1.2) as dq_get does.
+CREATE OR REPLACE FUNCTION dq_get_id(queue text, id bigint) RETURNS TABLE (
+    queue text,
+    key text,
+    payload jsonb,
+    state jsonb,
+    scheduled_at timestamptz,
+    due_at timestamptz,
+    attempts integer,
+    leased boolean,
+    created_at timestamptz,
+    channel text,
+    priority integer
+)
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_get_id.queue);
+    SELECT @extschema@.dq__null_check(dq_get_id.id IS NULL, 'id');
+    SELECT d.* FROM @extschema@.dq__get(dq_get_id.queue, dq_get_id.id) AS d;
 $$;
 
 -- True when a message (lock_token, due_at) is in condition which at now_at
@@ -2517,7 +2998,8 @@ $$;
 
 -- Browse queue without locking or changing anything: up to max_count
 -- messages (1..1000) in one condition (which: 'due', 'delayed', 'leased';
--- NULL: all), by due time then key; never a lock token.
+-- NULL: all), by due time then key (keyless ones last, by id); never a
+-- lock token.
 CREATE OR REPLACE FUNCTION dq_peek(
     queue text,
     which text DEFAULT NULL,
@@ -2531,7 +3013,8 @@ CREATE OR REPLACE FUNCTION dq_peek(
     attempts integer,
     leased boolean,
     lease_until timestamptz,
-    last_error text
+    last_error text,
+    id bigint  -- since 1.2
 )
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -2544,32 +3027,33 @@ AS $$
         m.key::text, m.payload, m.state, m.scheduled_at, m.due_at, m.attempts,
         l.leased,
         CASE WHEN l.leased THEN m.due_at END,
-        m.last_error
+        m.last_error,
+        m.id
     FROM (
         -- the first max_count of each poll index in due order, merged
         (
-            SELECT p.key, p.payload, p.state, p.scheduled_at, p.due_at, p.attempts, p.lock_token, p.last_error
+            SELECT p.key, p.payload, p.state, p.scheduled_at, p.due_at, p.attempts, p.lock_token, p.last_error, p.id
             FROM @extschema@.dq_messages AS p
             CROSS JOIN @extschema@.dq_now() AS n (now_at)
             WHERE p.queue = dq_peek.queue AND p.channel = '' AND p.priority = 0
                 AND @extschema@.dq__in_condition(dq_peek.which, p.lock_token, p.due_at, n.now_at)
-            ORDER BY p.due_at, p.key
+            ORDER BY p.due_at, p.key, p.id
             LIMIT dq_peek.max_count
         )
         UNION ALL
         (
-            SELECT g.key, g.payload, g.state, g.scheduled_at, g.due_at, g.attempts, g.lock_token, g.last_error
+            SELECT g.key, g.payload, g.state, g.scheduled_at, g.due_at, g.attempts, g.lock_token, g.last_error, g.id
             FROM @extschema@.dq_messages AS g
             CROSS JOIN @extschema@.dq_now() AS n (now_at)
             WHERE g.queue = dq_peek.queue AND (g.channel <> '' OR g.priority <> 0)
                 AND @extschema@.dq__in_condition(dq_peek.which, g.lock_token, g.due_at, n.now_at)
-            ORDER BY g.due_at, g.key
+            ORDER BY g.due_at, g.key, g.id
             LIMIT dq_peek.max_count
         )
     ) AS m
     CROSS JOIN @extschema@.dq_now() AS n (now_at)
     CROSS JOIN LATERAL (SELECT @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)) AS l (leased)
-    ORDER BY m.due_at, m.key
+    ORDER BY m.due_at, m.key, m.id
     LIMIT dq_peek.max_count;
 $$;
 
@@ -2585,11 +3069,12 @@ DECLARE
     v_deleted bigint;
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_purge.queue);
-    -- Locks in key order, like dq_offer_many, so the two never deadlock.
+    -- Locks in key order, like dq_offer_many, so the two never deadlock
+    -- (keyless messages last, by id).
     v_rows := ARRAY(
         SELECT m.ctid FROM @extschema@.dq_messages AS m
         WHERE m.queue = dq_purge.queue
-        ORDER BY m.key
+        ORDER BY m.key, m.id
         FOR UPDATE OF m
     );
     -- Deleted by address (as dq_ack_many does): a TID scan whatever the
@@ -2636,9 +3121,23 @@ AS $$
             min(m.due_at) FILTER (
                 WHERE m.due_at > n.now_at AND m.lock_token IS NULL
             ) AS next_due_at
-        FROM @extschema@.dq_messages AS m
+        FROM (
+            -- every queue: one pass over the table
+            SELECT a.queue, a.due_at, a.lock_token
+            FROM @extschema@.dq_messages AS a
+            WHERE dq_stats.queue IS NULL
+            UNION ALL
+            -- a named queue: its ranges of the two poll indexes, which
+            -- between them hold every message (1.2: it read every queue)
+            SELECT p.queue, p.due_at, p.lock_token
+            FROM @extschema@.dq_messages AS p
+            WHERE p.queue = dq_stats.queue AND p.channel = '' AND p.priority = 0
+            UNION ALL
+            SELECT g.queue, g.due_at, g.lock_token
+            FROM @extschema@.dq_messages AS g
+            WHERE g.queue = dq_stats.queue AND (g.channel <> '' OR g.priority <> 0)
+        ) AS m
         CROSS JOIN @extschema@.dq_now() AS n (now_at)
-        WHERE dq_stats.queue IS NULL OR m.queue = dq_stats.queue
         GROUP BY m.queue
     )
 
@@ -2714,12 +3213,13 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_key(dq_key_queues.key, 'key');
+    -- the queues with keyed messages: a loose scan of the key index
     WITH RECURSIVE queues (queue) AS (
-        (SELECT m.queue FROM @extschema@.dq_messages AS m ORDER BY m.queue LIMIT 1)
+        (SELECT m.queue FROM @extschema@.dq_messages AS m WHERE m.key IS NOT NULL ORDER BY m.queue LIMIT 1)
         UNION ALL
         SELECT (
             SELECT m.queue FROM @extschema@.dq_messages AS m
-            WHERE m.queue > q.queue
+            WHERE m.queue > q.queue AND m.key IS NOT NULL
             ORDER BY m.queue LIMIT 1
         )
         FROM queues AS q
@@ -3725,7 +4225,7 @@ BEGIN
                 v_schedule.payload, d.at, d.at, dq__materialise.now_at
             FROM unnest(v_due) AS d (at)
             ORDER BY 2
-            ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO NOTHING;
+            ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
             UPDATE @extschema@.dq_schedules AS s
             SET next_at = v_next,
                 missed_from = NULL,

@@ -169,6 +169,12 @@ CALLS = {
     "dq_due_hours": "SELECT * FROM dq_due_hours(%(q)s)",
     "dq_dead_stats": "SELECT * FROM dq_dead_stats()",
     "dq_key_queues": "SELECT * FROM dq_key_queues('ready')",
+    "dq_send": "SELECT dq_send(%(q)s, '1')",
+    "dq_send_many": "SELECT * FROM dq_send_many(%(q)s, '{1,2}')",
+    "dq_get_id": "SELECT * FROM dq_get_id(%(q)s, 1)",
+    "dq_cancel_id": "SELECT dq_cancel_id(%(q)s, 1)",
+    "dq_dead_redrive_id": "SELECT dq_dead_redrive_id(%(q)s, 1)",
+    "dq_dead_purge_id": "SELECT dq_dead_purge_id(%(q)s, 1)",
 }
 
 

@@ -221,6 +221,9 @@ def check_live_queue(conn: Conn, consumer: Conn, token: Any, keys: set[str], bef
     conn.execute("SELECT dq_offer('live', 'new', '1')")
     new_id = conn.execute("SELECT id FROM dq_messages WHERE key = 'new'").fetchone()
     assert new_id is not None and new_id[0] > max(row[0] for row in before), "ids kept counting"
+    sent = conn.execute("SELECT dq_send('live', '2')").fetchone()
+    assert sent is not None and sent[0] > new_id[0], "1.2: a keyless message beside the keyed ones"
+    assert conn.execute("SELECT dq_offer('live', 'new', '1')").fetchone() == ("ignored",), "keys still unique"
 
 
 @pytest.mark.parametrize("kind", ["extension", "plain"])
@@ -237,12 +240,13 @@ def test_a_live_database_upgrades_with_everything_in_it(scratch: str, kind: str)
         # 1.1 added last_error, last_error_at, failures and missed_from to dq_schedules
         assert [row[8:] for row in after["dq_schedules"]] == [(None, None, 0, None)]
         after["dq_schedules"] = [row[:8] for row in after["dq_schedules"]]
-        # and last_error, channel ('' for none) and priority to dq_messages, as its last columns
-        assert [row[-3:] for row in after["dq_messages"]] == [(None, "", 0)] * len(before["dq_messages"])
-        after["dq_messages"] = [row[:-3] for row in after["dq_messages"]]
-        # and channel and priority to dq_dead_letters
-        assert [row[-2:] for row in after["dq_dead_letters"]] == [("", 0)]
-        after["dq_dead_letters"] = [row[:-2] for row in after["dq_dead_letters"]]
+        # and last_error, channel ('' for none) and priority to dq_messages, as its last
+        # columns, and 1.2 headers
+        assert [row[-4:] for row in after["dq_messages"]] == [(None, "", 0, None)] * len(before["dq_messages"])
+        after["dq_messages"] = [row[:-4] for row in after["dq_messages"]]
+        # and channel and priority to dq_dead_letters, and 1.2 headers
+        assert [row[-3:] for row in after["dq_dead_letters"]] == [("", 0, None)]
+        after["dq_dead_letters"] = [row[:-3] for row in after["dq_dead_letters"]]
         assert after == before, "the upgrade changed no row"
         assert conn.execute("SELECT count(*) FROM dq_groups").fetchone() == (0,), "and made no queue a grouped one"
         check_live_queue(conn, consumer, token, keys, before["dq_messages"])
@@ -269,7 +273,11 @@ def test_a_live_1_1_0_database_upgrades_with_everything_in_it(scratch: str, kind
 
         upgrade_to_current(conn, kind, version="1.1.0")  # while the consumer holds its leases
 
-        assert snapshot(conn, tables) == before, "the upgrade changed no row"
+        after = snapshot(conn, tables)
+        for table in ("dq_messages", "dq_dead_letters"):  # 1.2 added headers, as their last column
+            assert [row[-1] for row in after[table]] == [None] * len(before[table])
+            after[table] = [row[:-1] for row in after[table]]
+        assert after == before, "the upgrade changed no row"
         assert consumer.execute("SELECT dq_ack(%s, 'live')", (channel_token,)).fetchone() == (False,), (
             "1.2: a token given another queue is stale"
         )

@@ -27,6 +27,32 @@ DROP FUNCTION dq__check_finite_elements(timestamptz[], text);
 -- volatility too, so the functions below make them VOLATILE: no ALTER
 -- FUNCTION is needed (tests/test_upgrade.py compares the definitions).
 
+-- Keyless messages (1.2): dq_send writes messages with key NULL, which the
+-- key index leaves out (a partial unique index in place of the constraint),
+-- and messages and dead letters gain headers. The new index is built first,
+-- under the SHARE lock an index build takes (reads and polls that find
+-- nothing go on; writes wait); the ALTER TABLEs then change only the
+-- catalog (no rewrite, no scan), but their ACCESS EXCLUSIVE locks last until
+-- the step commits. docs/upgrading.md gives the times.
+CREATE UNIQUE INDEX dq_messages_queue_key_1_2 ON @extschema@.dq_messages (queue, key)
+WHERE key IS NOT NULL;
+ALTER TABLE @extschema@.dq_messages
+    DROP CONSTRAINT dq_messages_queue_key,
+    ALTER COLUMN key DROP NOT NULL,
+    ADD COLUMN headers jsonb;
+ALTER INDEX @extschema@.dq_messages_queue_key_1_2 RENAME TO dq_messages_queue_key;
+CREATE UNIQUE INDEX dq_dead_letters_queue_key ON @extschema@.dq_dead_letters (queue, key)
+WHERE key IS NOT NULL;
+ALTER TABLE @extschema@.dq_dead_letters
+    DROP CONSTRAINT dq_dead_letters_pkey,
+    ALTER COLUMN key DROP NOT NULL,
+    ADD COLUMN headers jsonb;
+
+-- Result columns added (1.2): dq_peek and dq_dead_list end with the
+-- message's id, the handle of a keyless message.
+DROP FUNCTION dq_peek(text, text, integer);
+DROP FUNCTION dq_dead_list(text, integer);
+
 -- @functions
 
 -- Times are readable (1.2): every time pgdq accepts, stores or returns lies

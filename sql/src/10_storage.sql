@@ -1,4 +1,4 @@
--- Storage: one row per (queue, key), the clock, the version.
+-- Storage: one row per (queue, key) or keyless message, the clock, the version.
 
 -- One row per live message. A message is in exactly one of three conditions:
 --   delayed   lock_token IS NULL      and due_at >  now
@@ -14,7 +14,10 @@ CREATE TABLE dq_messages (
     -- C collation: names are identifiers compared byte for byte, and cron
     -- prefix scans become plain index ranges.
     queue text COLLATE "C" NOT NULL,
-    key text COLLATE "C" NOT NULL,
+    -- NULL for a keyless message (dq_send, since 1.2): never deduplicated,
+    -- and kept out of the key index, so sending one writes one index entry
+    -- fewer than offering one, and so does each of its leases.
+    key text COLLATE "C",
     payload jsonb NOT NULL,
     state jsonb,
     scheduled_at timestamptz NOT NULL,
@@ -35,7 +38,9 @@ CREATE TABLE dq_messages (
     -- every other one in dq_messages_grouped (42_groups.sql).
     channel text COLLATE "C" NOT NULL DEFAULT '',
     priority integer NOT NULL DEFAULT 0,
-    CONSTRAINT dq_messages_queue_key UNIQUE (queue, key)
+    -- Since 1.2: the metadata a keyless send carried (a JSON object); NULL:
+    -- none.
+    headers jsonb
 ) WITH (
     -- Every lease, nack and extend moves due_at, an indexed column, so those
     -- updates are never HOT and each one leaves a dead tuple behind. Free
@@ -57,6 +62,12 @@ CREATE TABLE dq_messages (
 -- them anew on every call (custom plans) cost more than running them: a
 -- one-message poll took 0.25 ms of server time instead of 0.12 ms.
 -- pgtap/10_plans.sql checks that these plans stay on the indexes.
+
+-- One message per (queue, key): what offers decide created / updated /
+-- ignored by. Keyless messages (key NULL) have no entry (1.2; before, a
+-- constraint over every row).
+CREATE UNIQUE INDEX dq_messages_queue_key ON dq_messages (queue, key)
+WHERE key IS NOT NULL;
 
 -- The poll path of plain messages: due messages of one queue, earliest
 -- first, ties by id. Polls and dq_next_due read only the head of one queue's
@@ -158,10 +169,11 @@ COMMENT ON TABLE dq_queues IS
 
 -- Messages given up on: moved here by dq_dead_letter (the consumer's
 -- verdict) or by a poll that found their attempts used up. One row per
--- (queue, key): a key that fails again replaces its earlier dead letter.
+-- (queue, key): a key that fails again replaces its earlier dead letter;
+-- one per message for keyless messages (key NULL, since 1.2).
 CREATE TABLE dq_dead_letters (
     queue text COLLATE "C" NOT NULL,
-    key text COLLATE "C" NOT NULL,
+    key text COLLATE "C",
     id bigint NOT NULL,  -- the message's id when it failed
     payload jsonb NOT NULL,
     state jsonb,
@@ -173,8 +185,13 @@ CREATE TABLE dq_dead_letters (
     -- Since 1.1: a redriven message goes back to its channel and priority.
     channel text COLLATE "C" NOT NULL DEFAULT '',
     priority integer NOT NULL DEFAULT 0,
-    CONSTRAINT dq_dead_letters_pkey PRIMARY KEY (queue, key)
+    headers jsonb  -- since 1.2, as in dq_messages
 );
+
+-- One dead letter per (queue, key); keyless ones (key NULL) are told apart
+-- by id (1.2; before, the primary key).
+CREATE UNIQUE INDEX dq_dead_letters_queue_key ON dq_dead_letters (queue, key)
+WHERE key IS NOT NULL;
 
 -- Listing a queue's dead letters, oldest failure first.
 CREATE INDEX dq_dead_letters_failed ON dq_dead_letters (queue, failed_at, key);

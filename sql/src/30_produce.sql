@@ -94,7 +94,7 @@ BEGIN
         queue, key, payload, scheduled_at, due_at, created_at, channel, priority
     )
     VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now, v_channel, v_priority)
-    ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO UPDATE
+    ON CONFLICT (queue, key) WHERE key IS NOT NULL DO UPDATE
         SET payload = excluded.payload,
             scheduled_at = excluded.scheduled_at,
             due_at = excluded.due_at,
@@ -308,6 +308,19 @@ BEGIN
     IF v_bad IS NOT NULL THEN
         PERFORM @extschema@.dq__check_key(keys[v_bad], format('keys[%s]', v_bad));
     END IF;
+    PERFORM @extschema@.dq__check_channel_elements(channels);
+END
+$$;
+
+-- Raise 22023 naming the first element of channels that is not a channel
+-- name (NULL elements pass: none).
+CREATE FUNCTION dq__check_channel_elements(channels text[]) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_bad bigint;
+BEGIN
     SELECT c.ord INTO v_bad
     FROM unnest(channels) WITH ORDINALITY AS c (c, ord)
     WHERE NOT @extschema@.dq__valid_channel(c.c)
@@ -489,7 +502,7 @@ BEGIN
         SELECT v_queue, c.k, c.p, c.at, c.at, v_now, c.c, c.pr
         FROM candidates AS c
         ORDER BY c.k COLLATE "C"
-        ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO UPDATE
+        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO UPDATE
             SET payload = m.payload
             WHERE FALSE
         RETURNING m.key, m.due_at, m.channel, m.priority

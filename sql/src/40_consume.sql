@@ -196,14 +196,15 @@ BEGIN
         PERFORM @extschema@.dq__check_queue(dq_ack_many.queue);
     END IF;
     -- Rows are locked in (queue, key) order, the order dq_offer_many locks
-    -- in, so a batch ack and a batch offer never deadlock.
+    -- in, so a batch ack and a batch offer never deadlock (keyless messages,
+    -- which no offer locks, last, by id).
     v_rows := ARRAY(
         SELECT m.ctid
         FROM @extschema@.dq_messages AS m
         INNER JOIN unnest(lock_tokens) AS t (token)
             ON m.id = @extschema@.dq__token_id(t.token) AND m.lock_token = t.token
         WHERE dq_ack_many.queue IS NULL OR m.queue = dq_ack_many.queue
-        ORDER BY m.queue, m.key
+        ORDER BY m.queue, m.key, m.id
         FOR UPDATE OF m
     );
     -- Locked by this transaction, the rows are still at those addresses

@@ -52,13 +52,13 @@ AS $$
         DELETE FROM @extschema@.dq_messages AS m
         WHERE m.id = ANY(dq__bury.ids)
         RETURNING m.queue, m.key, m.id, m.payload, m.state, m.scheduled_at, m.created_at, m.attempts,
-            m.lock_token IS NULL AS nacked, m.last_error, m.channel, m.priority
+            m.lock_token IS NULL AS nacked, m.last_error, m.channel, m.priority, m.headers
     ),
 
     buried AS (
         INSERT INTO @extschema@.dq_dead_letters AS d (
             queue, key, id, payload, state, scheduled_at, created_at, attempts, error, failed_at,
-            channel, priority
+            channel, priority, headers
         )
         SELECT mv.queue, mv.key, mv.id, mv.payload, mv.state, mv.scheduled_at, mv.created_at, mv.attempts,
             CASE
@@ -66,10 +66,11 @@ AS $$
                 ELSE @extschema@.dq__gave_up_error(dq__bury.max_attempts, mv.nacked, mv.last_error)
             END,
             dq__bury.failed_at,
-            mv.channel, mv.priority
+            mv.channel, mv.priority, mv.headers
         FROM moved AS mv
-        ORDER BY mv.queue, mv.key
-        ON CONFLICT ON CONSTRAINT dq_dead_letters_pkey DO UPDATE
+        ORDER BY mv.queue, mv.key, mv.id
+        -- a keyed message replaces its key's dead letter; a keyless one adds its own
+        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO UPDATE
             SET id = excluded.id,
                 payload = excluded.payload,
                 state = excluded.state,
@@ -79,7 +80,8 @@ AS $$
                 error = excluded.error,
                 failed_at = excluded.failed_at,
                 channel = excluded.channel,
-                priority = excluded.priority
+                priority = excluded.priority,
+                headers = excluded.headers
         RETURNING 1
     )
 
@@ -131,13 +133,18 @@ AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_queue(dq_dead_stats.queue) WHERE dq_dead_stats.queue IS NOT NULL;
     SELECT d.queue::text, count(*), max(d.failed_at)
-    FROM @extschema@.dq_dead_letters AS d
-    WHERE dq_dead_stats.queue IS NULL OR d.queue = dq_dead_stats.queue
+    FROM (
+        -- every queue, or only the named one's range (1.2: it read every queue)
+        SELECT a.queue, a.failed_at FROM @extschema@.dq_dead_letters AS a WHERE dq_dead_stats.queue IS NULL
+        UNION ALL
+        SELECT o.queue, o.failed_at FROM @extschema@.dq_dead_letters AS o WHERE o.queue = dq_dead_stats.queue
+    ) AS d
     GROUP BY d.queue
     ORDER BY 1;
 $$;
 
--- Up to max_count of queue's dead letters, oldest failure first.
+-- Up to max_count of queue's dead letters, oldest failure first (then by
+-- key, keyless ones last, by id).
 CREATE FUNCTION dq_dead_list(queue text, max_count integer DEFAULT 100) RETURNS TABLE (
     queue text,
     key text,
@@ -147,7 +154,8 @@ CREATE FUNCTION dq_dead_list(queue text, max_count integer DEFAULT 100) RETURNS 
     created_at timestamptz,
     attempts integer,
     error text,
-    failed_at timestamptz
+    failed_at timestamptz,
+    id bigint  -- since 1.2: the message's id when it failed
 )
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -156,10 +164,11 @@ AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_queue(dq_dead_list.queue);
     SELECT @extschema@.dq__null_check(dq_dead_list.max_count IS NULL, 'max_count');
-    SELECT d.queue::text, d.key::text, d.payload, d.state, d.scheduled_at, d.created_at, d.attempts, d.error, d.failed_at
+    SELECT d.queue::text, d.key::text, d.payload, d.state, d.scheduled_at, d.created_at, d.attempts, d.error, d.failed_at,
+        d.id
     FROM @extschema@.dq_dead_letters AS d
     WHERE d.queue = dq_dead_list.queue
-    ORDER BY d.failed_at, d.key
+    ORDER BY d.failed_at, d.key, d.id
     LIMIT greatest(dq_dead_list.max_count, 0);
 $$;
 
@@ -180,86 +189,242 @@ DECLARE
     v_queue text := dq_dead_redrive.queue;
     v_key text := dq_dead_redrive.key;
     v_at timestamptz := coalesce(dq_dead_redrive.scheduled_at, v_now);
-    v_offered text[];
-    v_count integer;
-    v_channels text[];
-    v_priorities integer[];
+    v_count integer := 0;
 BEGIN
     PERFORM @extschema@.dq__check_queue(v_queue);
     IF v_key IS NOT NULL THEN
         PERFORM @extschema@.dq__check_key(v_key, 'key');
     END IF;
     PERFORM @extschema@.dq__check_time(dq_dead_redrive.scheduled_at, 'scheduled_at');
+    v_count := @extschema@.dq__redrive_keyed(v_queue, v_key, v_at, v_now);
+    -- keyless dead letters come back as new keyless messages (1.2)
+    IF v_key IS NULL THEN
+        v_count := v_count + cardinality(@extschema@.dq__redrive_keyless(v_queue, NULL::bigint[], v_at, v_now));
+    END IF;
+    RETURN v_count;
+END
+$$;
+
+-- Move queue's keyed dead letters (only key's when given) back into the
+-- queue due at at, but those whose key has a live message; the number moved.
+-- Every statement goes by index probes, arrays and row addresses, whatever
+-- the table statistics say (pgtap/99_stale_statistics.sql): with them stale,
+-- the check for live keys was planned as a scan of the queue's messages for
+-- each dead letter (1.1; minutes for 50,000). enable_seqscan = off keeps a
+-- table that looks empty from being scanned instead of probed.
+CREATE FUNCTION dq__redrive_keyed(queue text, key text, at timestamptz, now_at timestamptz) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_offered text[];        -- the keys offered, in key order
+    v_offered_rows tid[];    -- their new messages (this transaction's rows)
+    v_dead_rows tid[];
+    v_keys text[];           -- the keys whose dead letters were removed, in key order
+    v_payloads jsonb[];
+    v_channels text[];
+    v_priorities integer[];
+    v_headers jsonb[];
+BEGIN
     -- Lock order (docs/sql-reference.md, Concurrency): messages in key
     -- order, then dead letters in key order, the order a bury takes them in
     -- (it holds the message when it writes the dead letter). So first the
     -- messages. ON CONFLICT DO NOTHING skips every key that has a live
-    -- message, however recently offered; NOT EXISTS only spares most of them
-    -- an insert. Both go by this statement's snapshot, which is stale after
-    -- an insert waited (for an offer, ack or bury of that key): meanwhile a
-    -- later key may have been offered, leased and buried again, its dead
-    -- letter replaced (or purged). The next statement sets that right.
+    -- message, however recently offered; the probe skips those this
+    -- session sees, so that a key a poll is burying is left alone without
+    -- waiting for that poll. Both go by this statement's snapshot, which is
+    -- stale after an insert waited (for an offer, ack or bury of that key):
+    -- meanwhile a later key may have been buried again, its dead letter
+    -- replaced (or purged). The statements after it set that right.
     WITH offered AS (
         INSERT INTO @extschema@.dq_messages AS m (
-            queue, key, payload, scheduled_at, due_at, created_at, channel, priority
+            queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
         )
-        SELECT v_queue, d.key, d.payload, v_at, v_at, v_now, d.channel, d.priority
+        SELECT dq__redrive_keyed.queue, d.key, d.payload, at, at, now_at, d.channel, d.priority, d.headers
         FROM @extschema@.dq_dead_letters AS d
-        WHERE d.queue = v_queue AND (v_key IS NULL OR d.key = v_key)
-            AND NOT EXISTS (
-                SELECT FROM @extschema@.dq_messages AS live
-                WHERE live.queue = v_queue AND live.key = d.key
-            )
+        WHERE d.queue = dq__redrive_keyed.queue AND d.key IS NOT NULL
+            AND (dq__redrive_keyed.key IS NULL OR d.key = dq__redrive_keyed.key)
+            -- a probe of the key index per dead letter (not NOT EXISTS, which
+            -- a join may turn into a scan of the queue per dead letter)
+            AND (
+                SELECT live.id FROM @extschema@.dq_messages AS live
+                WHERE live.queue = dq__redrive_keyed.queue AND live.key = d.key
+            ) IS NULL
         ORDER BY d.key
-        ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO NOTHING
-        RETURNING m.key
+        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
+        RETURNING m.key, m.ctid
     )
 
-    SELECT coalesce(array_agg(offered.key), '{}') INTO v_offered FROM offered;
+    SELECT coalesce(array_agg(o.key ORDER BY o.key), '{}'), coalesce(array_agg(o.ctid ORDER BY o.key), '{}')
+    INTO v_offered, v_offered_rows
+    FROM offered AS o;
+    IF cardinality(v_offered) = 0 THEN
+        RETURN 0;
+    END IF;
 
-    -- Then their dead letters, locked afresh in key order and removed. Each
-    -- new message takes the payload of the dead letter removed (a newer one
-    -- when its key was buried again while the insert waited), and one whose
-    -- dead letter is gone is withdrawn: what is re-offered is exactly what
-    -- is removed. Those messages are this call's own rows: nothing waits.
-    WITH doomed AS (
-        SELECT d.key FROM @extschema@.dq_dead_letters AS d
-        WHERE d.queue = v_queue AND d.key = ANY(v_offered)
+    -- Then their dead letters, locked afresh in key order and removed (a
+    -- second statement: its snapshot sees the versions just locked).
+    v_dead_rows := ARRAY(
+        SELECT d.ctid FROM @extschema@.dq_dead_letters AS d
+        WHERE d.queue = dq__redrive_keyed.queue AND d.key = ANY(v_offered)
         ORDER BY d.key
         FOR UPDATE
-    ),
-
-    removed AS (
+    );
+    WITH removed AS (
         DELETE FROM @extschema@.dq_dead_letters AS d
-        USING doomed
-        WHERE d.queue = v_queue AND d.key = doomed.key
-        RETURNING d.key, d.payload, d.channel, d.priority
-    ),
-
-    refreshed AS (
-        UPDATE @extschema@.dq_messages AS m
-        SET payload = r.payload, channel = r.channel, priority = r.priority
-        FROM removed AS r
-        WHERE m.queue = v_queue AND m.key = r.key
-            AND (m.payload <> r.payload OR m.channel <> r.channel OR m.priority <> r.priority)
-    ),
-
-    withdrawn AS (
-        DELETE FROM @extschema@.dq_messages AS m
-        WHERE m.queue = v_queue AND m.key = ANY(v_offered)
-            AND NOT EXISTS (SELECT FROM removed AS r WHERE r.key = m.key)
+        WHERE d.ctid = ANY(v_dead_rows)
+        RETURNING d.key, d.payload, d.channel, d.priority, d.headers
     )
 
-    SELECT count(*)::integer, array_agg(r.channel), array_agg(r.priority)
-    INTO v_count, v_channels, v_priorities
+    SELECT
+        coalesce(array_agg(r.key ORDER BY r.key), '{}'), array_agg(r.payload ORDER BY r.key),
+        array_agg(r.channel ORDER BY r.key), array_agg(r.priority ORDER BY r.key),
+        array_agg(r.headers ORDER BY r.key)
+    INTO v_keys, v_payloads, v_channels, v_priorities, v_headers
     FROM removed AS r;
-    IF v_count > 0 THEN
-        PERFORM @extschema@.dq__offers_written(
-            v_queue, v_channels, v_priorities,
-            array_fill(v_at, ARRAY[v_count]), NULL::boolean[], v_now
-        );
+
+    -- What is re-offered is exactly what was removed: a message whose dead
+    -- letter is gone is withdrawn, and each other one takes the content of
+    -- the dead letter removed (a newer one when its key was buried again
+    -- meanwhile). Usually there is nothing to set right.
+    IF v_keys IS DISTINCT FROM v_offered THEN
+        v_offered_rows := @extschema@.dq__withdraw(v_offered, v_offered_rows, v_keys);
     END IF;
-    RETURN v_count;
+    UPDATE @extschema@.dq_messages AS m
+    SET payload = r.payload, channel = r.channel, priority = r.priority, headers = r.headers
+    FROM unnest(v_offered_rows, v_payloads, v_channels, v_priorities, v_headers) AS r (row_at, payload, channel, priority, headers)
+    WHERE m.ctid = r.row_at
+        AND (m.payload, m.channel, m.priority, m.headers) IS DISTINCT FROM (r.payload, r.channel, r.priority, r.headers);
+
+    PERFORM @extschema@.dq__offers_written(
+        dq__redrive_keyed.queue, v_channels, v_priorities,
+        array_fill(at, ARRAY[cardinality(v_keys)]), NULL::boolean[], now_at
+    );
+    RETURN cardinality(v_keys);
+END
+$$;
+
+-- Delete the messages of offered (keys in key order, at rows) whose key is
+-- not in kept (a subsequence of offered): the rows of the rest, in order.
+-- One merge pass over the two sorted arrays.
+CREATE FUNCTION dq__withdraw(offered text[], rows tid[], kept text[]) RETURNS tid[]
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_kept_rows tid[] := '{}';
+    v_gone tid[] := '{}';
+    v_next integer := 1;  -- the next key of kept to meet
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(offered), 0) LOOP
+        IF v_next <= cardinality(kept) AND offered[i] = kept[v_next] THEN
+            v_kept_rows := v_kept_rows || rows[i];
+            v_next := v_next + 1;
+        ELSE
+            v_gone := v_gone || rows[i];
+        END IF;
+    END LOOP;
+    DELETE FROM @extschema@.dq_messages AS m WHERE m.ctid = ANY(v_gone);
+    RETURN v_kept_rows;
+END
+$$;
+
+-- Move queue's keyless dead letters (only those of ids, when not NULL) back
+-- into the queue as new keyless messages due at at: their new ids, in the
+-- order of their old ones. Locks the dead letters in id order.
+CREATE FUNCTION dq__redrive_keyless(queue text, ids bigint[], at timestamptz, now_at timestamptz)
+RETURNS bigint[]
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_rows tid[];
+    v_new bigint[];
+    v_channels text[];
+    v_priorities integer[];
+BEGIN
+    v_rows := ARRAY(
+        SELECT d.ctid FROM @extschema@.dq_dead_letters AS d
+        WHERE d.queue = dq__redrive_keyless.queue AND d.key IS NULL
+            AND (dq__redrive_keyless.ids IS NULL OR d.id = ANY(dq__redrive_keyless.ids))
+        ORDER BY d.id
+        FOR UPDATE
+    );
+    IF cardinality(v_rows) = 0 THEN
+        RETURN '{}';
+    END IF;
+    -- keyless dead letters are never updated, only deleted: the addresses
+    -- locked are the versions this statement sees (a TID scan, whatever the
+    -- statistics say)
+    WITH removed AS (
+        DELETE FROM @extschema@.dq_dead_letters AS d
+        WHERE d.ctid = ANY(v_rows)
+        RETURNING d.id, d.payload, d.channel, d.priority, d.headers
+    ),
+
+    offered AS (
+        INSERT INTO @extschema@.dq_messages AS m (
+            queue, payload, scheduled_at, due_at, created_at, channel, priority, headers
+        )
+        SELECT dq__redrive_keyless.queue, r.payload, at, at, now_at, r.channel, r.priority, r.headers
+        FROM removed AS r
+        ORDER BY r.id
+        RETURNING m.id, m.channel, m.priority
+    )
+
+    SELECT array_agg(o.id ORDER BY o.id), array_agg(o.channel), array_agg(o.priority)
+    INTO v_new, v_channels, v_priorities
+    FROM offered AS o;
+    PERFORM @extschema@.dq__offers_written(
+        queue, v_channels, v_priorities, array_fill(at, ARRAY[cardinality(v_new)]), NULL::boolean[], now_at
+    );
+    RETURN v_new;
+END
+$$;
+
+-- Offer queue's dead letter id again (keyed or keyless), due at
+-- scheduled_at (NULL: now), as dq_dead_redrive does: the id of the message
+-- it became; NULL when queue has no such dead letter, or when its key has a
+-- live message again (the dead letter stays).
+CREATE FUNCTION dq_dead_redrive_id(
+    queue text,
+    id bigint,
+    scheduled_at timestamptz DEFAULT NULL
+) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := @extschema@.dq_now();
+    v_key text;
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_dead_redrive_id.queue);
+    PERFORM @extschema@.dq__null_check(dq_dead_redrive_id.id IS NULL, 'id');
+    PERFORM @extschema@.dq__check_time(dq_dead_redrive_id.scheduled_at, 'scheduled_at');
+    -- (ids of dead letters restored from a 1.0.0 dump may repeat: the first key)
+    SELECT d.key INTO v_key
+    FROM @extschema@.dq_dead_letters AS d
+    WHERE d.queue = dq_dead_redrive_id.queue AND d.id = dq_dead_redrive_id.id
+    ORDER BY d.key NULLS FIRST
+    LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    ELSIF v_key IS NULL THEN
+        RETURN (@extschema@.dq__redrive_keyless(
+            dq_dead_redrive_id.queue, ARRAY[dq_dead_redrive_id.id],
+            coalesce(dq_dead_redrive_id.scheduled_at, v_now), v_now
+        ))[1];
+    ELSIF @extschema@.dq_dead_redrive(dq_dead_redrive_id.queue, v_key, dq_dead_redrive_id.scheduled_at) = 0 THEN
+        RETURN NULL;
+    END IF;
+    RETURN (
+        SELECT m.id FROM @extschema@.dq_messages AS m
+        WHERE m.queue = dq_dead_redrive_id.queue AND m.key = v_key
+    );
 END
 $$;
 
@@ -268,28 +433,58 @@ CREATE FUNCTION dq_dead_purge(queue text, key text DEFAULT NULL) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-#variable_conflict use_column
 DECLARE
     v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
-    v_deleted bigint;
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_dead_purge.queue);
     IF dq_dead_purge.key IS NOT NULL THEN
         PERFORM @extschema@.dq__check_key(dq_dead_purge.key, 'key');
     END IF;
-    -- Locks in key order, like every multi-row writer (a poll burying
-    -- messages upserts their dead letters in key order), so none deadlock.
-    WITH doomed AS (
-        SELECT d.key FROM @extschema@.dq_dead_letters AS d
-        WHERE d.queue = dq_dead_purge.queue
-            AND (dq_dead_purge.key IS NULL OR d.key = dq_dead_purge.key)
-        ORDER BY d.key
-        FOR UPDATE
-    )
+    RETURN @extschema@.dq__dead_delete(dq_dead_purge.queue, dq_dead_purge.key, NULL::bigint);
+END
+$$;
 
+-- Delete queue's dead letter id (keyed or keyless, since 1.2); the count
+-- deleted (more than one only for ids a 1.0.0 dump restored twice).
+CREATE FUNCTION dq_dead_purge_id(queue text, id bigint) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_dead_purge_id.queue);
+    PERFORM @extschema@.dq__null_check(dq_dead_purge_id.id IS NULL, 'id');
+    RETURN @extschema@.dq__dead_delete(dq_dead_purge_id.queue, NULL::text, dq_dead_purge_id.id);
+END
+$$;
+
+-- Delete queue's dead letters, only key's and only id's when given; the
+-- count deleted. Locks in key order (keyless ones last, by id), like every
+-- multi-row writer (a poll burying messages upserts their dead letters in
+-- that order), so none deadlock; deletes by address, a TID scan whatever
+-- the statistics say.
+CREATE FUNCTION dq__dead_delete(queue text, key text, id bigint) RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_rows tid[];
+    v_deleted bigint;
+BEGIN
+    -- a locked row may have been replaced meanwhile (a key buried again):
+    -- the second statement's fresh snapshot sees the version locked
+    v_rows := ARRAY(
+        SELECT d.ctid FROM @extschema@.dq_dead_letters AS d
+        WHERE d.queue = dq__dead_delete.queue
+            AND (dq__dead_delete.key IS NULL OR d.key = dq__dead_delete.key)
+            AND (dq__dead_delete.id IS NULL OR d.id = dq__dead_delete.id)
+        ORDER BY d.key, d.id
+        FOR UPDATE
+    );
     DELETE FROM @extschema@.dq_dead_letters AS d
-    USING doomed
-    WHERE d.queue = dq_dead_purge.queue AND d.key = doomed.key;
+    WHERE d.ctid = ANY(v_rows);
     GET DIAGNOSTICS v_deleted = ROW_COUNT;
     RETURN v_deleted;
 END

@@ -8,23 +8,78 @@ CREATE FUNCTION dq_cancel(queue text, key text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_cancel.queue);
+    PERFORM @extschema@.dq__check_key(dq_cancel.key, 'key');
+    RETURN @extschema@.dq__cancel(dq_cancel.queue, (
+        SELECT m.id FROM @extschema@.dq_messages AS m
+        WHERE m.queue = dq_cancel.queue AND m.key = dq_cancel.key
+    ));
+END
+$$;
+
+-- Delete queue's message id (keyed or keyless, since 1.2), leased or not;
+-- true if one was deleted.
+CREATE FUNCTION dq_cancel_id(queue text, id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_cancel_id.queue);
+    PERFORM @extschema@.dq__null_check(dq_cancel_id.id IS NULL, 'id');
+    RETURN @extschema@.dq__cancel(dq_cancel_id.queue, dq_cancel_id.id);
+END
+$$;
+
+-- Delete queue's message id (NULL: none), freeing the slot its lease held;
+-- true if one was deleted. The one place that cancels.
+CREATE FUNCTION dq__cancel(queue text, id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
     v_channel text;
     v_due_at timestamptz;
 BEGIN
-    PERFORM @extschema@.dq__check_queue(dq_cancel.queue);
-    PERFORM @extschema@.dq__check_key(dq_cancel.key, 'key');
     DELETE FROM @extschema@.dq_messages AS m
-    WHERE m.queue = dq_cancel.queue AND m.key = dq_cancel.key
+    WHERE m.id = dq__cancel.id AND m.queue = dq__cancel.queue
     RETURNING m.channel, CASE WHEN m.lock_token IS NOT NULL THEN m.due_at END INTO v_channel, v_due_at;
     IF NOT FOUND THEN
         RETURN FALSE;
     END IF;
-    PERFORM @extschema@.dq__leases_ended(ARRAY[dq_cancel.queue], ARRAY[v_channel], ARRAY[v_due_at], v_now);
+    PERFORM @extschema@.dq__leases_ended(ARRAY[dq__cancel.queue], ARRAY[v_channel], ARRAY[v_due_at], v_now);
     RETURN TRUE;
 END
+$$;
+
+-- queue's message id (NULL: none) as dq_get describes it: the one place
+-- that does.
+CREATE FUNCTION dq__get(queue text, id bigint) RETURNS TABLE (
+    queue text,
+    key text,
+    payload jsonb,
+    state jsonb,
+    scheduled_at timestamptz,
+    due_at timestamptz,
+    attempts integer,
+    leased boolean,
+    created_at timestamptz,
+    channel text,
+    priority integer
+)
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT
+        m.queue::text, m.key::text, m.payload, m.state, m.scheduled_at,
+        m.due_at, m.attempts,
+        @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at),
+        m.created_at, nullif(m.channel, '')::text, m.priority
+    FROM @extschema@.dq_messages AS m
+    CROSS JOIN @extschema@.dq_now() AS n (now_at)
+    WHERE m.id = dq__get.id AND m.queue = dq__get.queue;
 $$;
 
 -- Read one message without locking or changing it (zero or one row).
@@ -47,14 +102,33 @@ AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_queue(dq_get.queue);
     SELECT @extschema@.dq__check_key(dq_get.key, 'key');
-    SELECT
-        m.queue::text, m.key::text, m.payload, m.state, m.scheduled_at,
-        m.due_at, m.attempts,
-        @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at),
-        m.created_at, nullif(m.channel, '')::text, m.priority
-    FROM @extschema@.dq_messages AS m
-    CROSS JOIN @extschema@.dq_now() AS n (now_at)
-    WHERE m.queue = dq_get.queue AND m.key = dq_get.key;
+    SELECT d.* FROM @extschema@.dq__get(dq_get.queue, (
+        SELECT m.id FROM @extschema@.dq_messages AS m
+        WHERE m.queue = dq_get.queue AND m.key = dq_get.key
+    )) AS d;
+$$;
+
+-- Read queue's message id (keyed or keyless, since 1.2) as dq_get does.
+CREATE FUNCTION dq_get_id(queue text, id bigint) RETURNS TABLE (
+    queue text,
+    key text,
+    payload jsonb,
+    state jsonb,
+    scheduled_at timestamptz,
+    due_at timestamptz,
+    attempts integer,
+    leased boolean,
+    created_at timestamptz,
+    channel text,
+    priority integer
+)
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_get_id.queue);
+    SELECT @extschema@.dq__null_check(dq_get_id.id IS NULL, 'id');
+    SELECT d.* FROM @extschema@.dq__get(dq_get_id.queue, dq_get_id.id) AS d;
 $$;
 
 -- True when a message (lock_token, due_at) is in condition which at now_at
@@ -74,7 +148,8 @@ $$;
 
 -- Browse queue without locking or changing anything: up to max_count
 -- messages (1..1000) in one condition (which: 'due', 'delayed', 'leased';
--- NULL: all), by due time then key; never a lock token.
+-- NULL: all), by due time then key (keyless ones last, by id); never a
+-- lock token.
 CREATE FUNCTION dq_peek(
     queue text,
     which text DEFAULT NULL,
@@ -88,7 +163,8 @@ CREATE FUNCTION dq_peek(
     attempts integer,
     leased boolean,
     lease_until timestamptz,
-    last_error text
+    last_error text,
+    id bigint  -- since 1.2
 )
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -101,32 +177,33 @@ AS $$
         m.key::text, m.payload, m.state, m.scheduled_at, m.due_at, m.attempts,
         l.leased,
         CASE WHEN l.leased THEN m.due_at END,
-        m.last_error
+        m.last_error,
+        m.id
     FROM (
         -- the first max_count of each poll index in due order, merged
         (
-            SELECT p.key, p.payload, p.state, p.scheduled_at, p.due_at, p.attempts, p.lock_token, p.last_error
+            SELECT p.key, p.payload, p.state, p.scheduled_at, p.due_at, p.attempts, p.lock_token, p.last_error, p.id
             FROM @extschema@.dq_messages AS p
             CROSS JOIN @extschema@.dq_now() AS n (now_at)
             WHERE p.queue = dq_peek.queue AND p.channel = '' AND p.priority = 0
                 AND @extschema@.dq__in_condition(dq_peek.which, p.lock_token, p.due_at, n.now_at)
-            ORDER BY p.due_at, p.key
+            ORDER BY p.due_at, p.key, p.id
             LIMIT dq_peek.max_count
         )
         UNION ALL
         (
-            SELECT g.key, g.payload, g.state, g.scheduled_at, g.due_at, g.attempts, g.lock_token, g.last_error
+            SELECT g.key, g.payload, g.state, g.scheduled_at, g.due_at, g.attempts, g.lock_token, g.last_error, g.id
             FROM @extschema@.dq_messages AS g
             CROSS JOIN @extschema@.dq_now() AS n (now_at)
             WHERE g.queue = dq_peek.queue AND (g.channel <> '' OR g.priority <> 0)
                 AND @extschema@.dq__in_condition(dq_peek.which, g.lock_token, g.due_at, n.now_at)
-            ORDER BY g.due_at, g.key
+            ORDER BY g.due_at, g.key, g.id
             LIMIT dq_peek.max_count
         )
     ) AS m
     CROSS JOIN @extschema@.dq_now() AS n (now_at)
     CROSS JOIN LATERAL (SELECT @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)) AS l (leased)
-    ORDER BY m.due_at, m.key
+    ORDER BY m.due_at, m.key, m.id
     LIMIT dq_peek.max_count;
 $$;
 
@@ -142,11 +219,12 @@ DECLARE
     v_deleted bigint;
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_purge.queue);
-    -- Locks in key order, like dq_offer_many, so the two never deadlock.
+    -- Locks in key order, like dq_offer_many, so the two never deadlock
+    -- (keyless messages last, by id).
     v_rows := ARRAY(
         SELECT m.ctid FROM @extschema@.dq_messages AS m
         WHERE m.queue = dq_purge.queue
-        ORDER BY m.key
+        ORDER BY m.key, m.id
         FOR UPDATE OF m
     );
     -- Deleted by address (as dq_ack_many does): a TID scan whatever the
@@ -193,9 +271,23 @@ AS $$
             min(m.due_at) FILTER (
                 WHERE m.due_at > n.now_at AND m.lock_token IS NULL
             ) AS next_due_at
-        FROM @extschema@.dq_messages AS m
+        FROM (
+            -- every queue: one pass over the table
+            SELECT a.queue, a.due_at, a.lock_token
+            FROM @extschema@.dq_messages AS a
+            WHERE dq_stats.queue IS NULL
+            UNION ALL
+            -- a named queue: its ranges of the two poll indexes, which
+            -- between them hold every message (1.2: it read every queue)
+            SELECT p.queue, p.due_at, p.lock_token
+            FROM @extschema@.dq_messages AS p
+            WHERE p.queue = dq_stats.queue AND p.channel = '' AND p.priority = 0
+            UNION ALL
+            SELECT g.queue, g.due_at, g.lock_token
+            FROM @extschema@.dq_messages AS g
+            WHERE g.queue = dq_stats.queue AND (g.channel <> '' OR g.priority <> 0)
+        ) AS m
         CROSS JOIN @extschema@.dq_now() AS n (now_at)
-        WHERE dq_stats.queue IS NULL OR m.queue = dq_stats.queue
         GROUP BY m.queue
     )
 
@@ -271,12 +363,13 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_key(dq_key_queues.key, 'key');
+    -- the queues with keyed messages: a loose scan of the key index
     WITH RECURSIVE queues (queue) AS (
-        (SELECT m.queue FROM @extschema@.dq_messages AS m ORDER BY m.queue LIMIT 1)
+        (SELECT m.queue FROM @extschema@.dq_messages AS m WHERE m.key IS NOT NULL ORDER BY m.queue LIMIT 1)
         UNION ALL
         SELECT (
             SELECT m.queue FROM @extschema@.dq_messages AS m
-            WHERE m.queue > q.queue
+            WHERE m.queue > q.queue AND m.key IS NOT NULL
             ORDER BY m.queue LIMIT 1
         )
         FROM queues AS q

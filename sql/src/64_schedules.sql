@@ -230,7 +230,7 @@ BEGIN
                 v_schedule.payload, d.at, d.at, dq__materialise.now_at
             FROM unnest(v_due) AS d (at)
             ORDER BY 2
-            ON CONFLICT ON CONSTRAINT dq_messages_queue_key DO NOTHING;
+            ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING;
             UPDATE @extschema@.dq_schedules AS s
             SET next_at = v_next,
                 missed_from = NULL,
