@@ -4,6 +4,7 @@ API, results as ratios against the raw-SQL row. Prints a markdown table and
 writes bench/results/<time>.json.
 
     python bench/bench.py [--systems pgdq,"raw SQL"] [--workloads W1,W2,...] [--repeat 3] [--quick]
+                          [--stats-messages 10000000]
 
 W1-W3 run --repeat times per system, the systems taking turns, and the table
 shows the median: the machine (README, "Numbers": 2 shared vCPU) is shared, and a single run moves by
@@ -29,12 +30,15 @@ from typing import Any
 
 import common
 import psycopg
+import stats_cost
 from channels import w8_channels
 from common import fresh_db, n, server_ms
 from over_http import w9_http
 from pgdq import AsyncDelivery, Queue, Worker
 from rich.console import Console
+from stats_cost import w11_stats
 from systems import QUEUE, ROUTED, SYSTEMS, System, lateness_times
+from upgrade_lock import w12_upgrade
 
 ROOT = Path(__file__).resolve().parent.parent
 console = Console(stderr=True)
@@ -380,6 +384,8 @@ WORKLOADS = {
     "W7": w7_spark,
     "W8": w8_channels,
     "W9": w9_http,
+    "W11": w11_stats,
+    "W12": w12_upgrade,
 }
 
 
@@ -395,7 +401,11 @@ def main() -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="W1,W2,...; W10 alone: W1-W3 through routers")
     parser.add_argument("--repeat", type=int, default=3, help="runs of W1-W3 per system, interleaved (median kept)")
     parser.add_argument("--quick", action="store_true", help="a tenth of every count, one run each (smoke run)")
+    parser.add_argument(
+        "--stats-messages", type=int, help="W11: messages for the overview (default 10,000,000; --quick a tenth)"
+    )
     args = parser.parse_args()
+    stats_cost.STATS_MESSAGES = args.stats_messages
     if args.workloads == "W10":
         args.workloads, args.systems = W10
     common.SCALE = 0.1 if args.quick else 1.0
@@ -435,19 +445,24 @@ def fmt(measure: str, value: float | None) -> str:
         return "—"
     if measure.endswith(("/ one process", " ratio")):
         return f"{value:.2f}"
-    return f"{value:,.3f}" if measure.endswith((" ms", " MB")) else f"{value:,.0f}"
+    return f"{value:,.3f}" if measure.endswith((" ms", " MB", " s")) else f"{value:,.0f}"
 
 
-OURS = ("pgdq", "pgdq SQL")  # the two ways of calling pgdq
-BASELINES = ("raw SQL", "PGMQ", "pgdq before channels")  # what they are measured against
+# each way of calling pgdq, keyed and keyless, and what it is measured against
+RATIOS = (
+    *(("pgdq", base) for base in ("raw SQL", "PGMQ", "pgdq before channels")),
+    *(("pgdq SQL", base) for base in ("raw SQL", "PGMQ", "pgdq before channels")),
+    *(("pgdq keyless", base) for base in ("raw SQL keyless", "PGMQ")),
+    *(("pgdq SQL keyless", base) for base in ("raw SQL keyless", "PGMQ")),
+)
 
 
 def render(results: dict[str, dict[str, float]]) -> str:
     """A markdown table: one row per measure, one column per system, then one
-    ratio column per (way of calling pgdq, baseline) that both ran."""
+    ratio column per (way of calling pgdq, baseline) of RATIOS that both ran."""
     names = list(results)
     measures = list(dict.fromkeys(m for r in results.values() for m in r))
-    pairs = [(ours, base) for ours in OURS for base in BASELINES if ours in results and base in results]
+    pairs = [(ours, base) for ours, base in RATIOS if ours in results and base in results]
     head = "| measure | " + " | ".join(names + [f"{ours} / {base}" for ours, base in pairs]) + " |"
     lines = [head, "|" + "---|" * (len(names) + len(pairs) + 1)]
     for m in measures:

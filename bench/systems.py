@@ -89,15 +89,15 @@ class RawSql(System):
 
     name = "raw SQL"
     settings = "INSERT … SELECT unnest(keys, payloads jsonb[]); UPDATE … WHERE id IN (… SKIP LOCKED); DELETE by id"
+    KEY, KEY_INDEX = "key text NOT NULL", ", UNIQUE (queue, key)"
 
     def setup(self, conninfo: str) -> None:
         with psycopg.connect(conninfo, autocommit=True) as conn:
             conn.execute(
-                """CREATE TABLE raw_jobs (
+                f"""CREATE TABLE raw_jobs (
                        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                       queue text NOT NULL, key text NOT NULL, payload jsonb NOT NULL,
-                       run_at timestamptz NOT NULL DEFAULT now(),
-                       UNIQUE (queue, key))"""
+                       queue text NOT NULL, {self.KEY}, payload jsonb NOT NULL,
+                       run_at timestamptz NOT NULL DEFAULT now(){self.KEY_INDEX})"""
             )
             conn.execute("CREATE INDEX ON raw_jobs (queue, run_at, id)")
 
@@ -128,6 +128,25 @@ class RawSql(System):
 
     async def ack_one(self, h: Any, token: Any) -> None:
         await h.execute("DELETE FROM raw_jobs WHERE id = %s", (token,))
+
+
+class RawSqlKeyless(RawSql):
+    """raw SQL without keys: the same table with key NULL and no unique index
+    on it, plain INSERTs. The ceiling for keyless messages (pgdq's dq_send,
+    PGMQ), as raw SQL is for keyed ones."""
+
+    name = "raw SQL keyless"
+    settings = "INSERT … SELECT unnest(payloads jsonb[]), no key index; the rest as raw SQL"
+    KEY, KEY_INDEX = "key text", ""  # always NULL, no index
+
+    async def enqueue_batch(self, h: Any, keys: list[str], payloads: list[Any]) -> None:
+        await h.execute(
+            "INSERT INTO raw_jobs (queue, payload) SELECT %s, p FROM unnest(%s::jsonb[]) AS u (p)",
+            (QUEUE, [Jsonb(p) for p in payloads]),
+        )
+
+    async def offer_one(self, h: Any, key: str, payload: Any) -> None:
+        await h.execute("INSERT INTO raw_jobs (queue, payload) VALUES (%s, %s::jsonb)", (QUEUE, json.dumps(payload)))
 
 
 class Pgdq(System):
@@ -169,6 +188,20 @@ class Pgdq(System):
 
     async def ack_one(self, h: Any, token: Any) -> None:
         await h.ack(token)
+
+
+class PgdqKeyless(Pgdq):
+    """pgdq's keyless messages (1.2) through its Python wrapper: send_many and
+    send in place of offer_many and offer; consumed as "pgdq" is."""
+
+    name = "pgdq keyless"
+    settings = "send_many; poll_many + ack_many; send; poll + ack"
+
+    async def enqueue_batch(self, h: Any, keys: list[str], payloads: list[Any]) -> None:
+        await h.send_many(payloads)
+
+    async def offer_one(self, h: Any, key: str, payload: Any) -> None:
+        await h.send(payload)
 
 
 class PgdqReleased(Pgdq):
@@ -256,6 +289,21 @@ class PgdqSql(System):
 
     async def ack_one(self, h: Any, token: Any) -> None:
         await h.execute("SELECT dq_ack(%s)", (token,))
+
+
+class PgdqSqlKeyless(PgdqSql):
+    """pgdq's keyless messages (1.2) through its SQL functions directly:
+    dq_send_many and dq_send; consumed as "pgdq SQL" is."""
+
+    name = "pgdq SQL keyless"
+    settings = "dq_send_many(payloads jsonb[]); dq_poll_many + dq_ack_many; dq_send; dq_poll + dq_ack"
+
+    async def enqueue_batch(self, h: Any, keys: list[str], payloads: list[Any]) -> None:
+        cur = await h.execute("SELECT * FROM dq_send_many(%s, %s::jsonb[])", (QUEUE, [Jsonb(p) for p in payloads]))
+        await cur.fetchall()
+
+    async def offer_one(self, h: Any, key: str, payload: Any) -> None:
+        await h.execute("SELECT dq_send(%s, %s)", (QUEUE, Jsonb(payload)))
 
 
 # PGMQ's install script (tembo-io/pgmq 1.5.1, pgmq-extension/sql/pgmq.sql): not
@@ -466,7 +514,19 @@ class Procrastinate(System):
 
 SYSTEMS: dict[str, System] = {
     s.name: s
-    for s in (RawSql(), Pgdq(), PgdqSql(), PgdqBeforeChannels(), PgdqReleased(), Pgmq(), PgQueuer(), Procrastinate())
+    for s in (
+        RawSql(),
+        RawSqlKeyless(),
+        Pgdq(),
+        PgdqSql(),
+        PgdqKeyless(),
+        PgdqSqlKeyless(),
+        PgdqBeforeChannels(),
+        PgdqReleased(),
+        Pgmq(),
+        PgQueuer(),
+        Procrastinate(),
+    )
 }
 # W10 (the router's hop): chosen by name, never run by default (--systems names them)
 ROUTED = {s.name: s for s in (PgdqRouted(1), PgdqRouted(2), PgdqRouted(4))}
