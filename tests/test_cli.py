@@ -1,8 +1,9 @@
 """The `pgdq` command against a real server: offer (one, and JSON Lines,
 with what a bad line leaves behind, and --atomic), poll, ack, nack, peek,
-cancel, purge, stats, dead-letters, schedules; tokens printed whole on a
-narrow terminal and into a pipe; --json output, --schema and exit codes
-(pgdq not installed, a malformed --dsn, install errors: one line each)."""
+cancel, purge, stats, dead-letters, schedules; keyless messages (their id
+shown, named by --id); tokens printed whole on a narrow terminal and into a
+pipe; --json output, --schema and exit codes (pgdq not installed, a
+malformed --dsn, install errors: one line each)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import click
 import psycopg
@@ -169,6 +171,57 @@ def test_dead_letters(database: str, queue_name: str) -> None:
     assert as_json(pgdq(database, "dead-letters", "purge", "--json", "--yes", queue_name)) == {"purged": 1}
     with Queue(queue_name, database) as q:
         assert q.get("a") is not None and q.dead_letters() == []
+
+
+def test_keyless_messages_show_their_id_and_are_named_by_it(database: str, queue_name: str) -> None:
+    with Queue(queue_name, database) as q:
+        q.offer("keyed", 1)
+        sent = q.send({"n": 2}, scheduled_at=datetime.now(UTC) + timedelta(hours=1))
+        other = q.send(3, scheduled_at=datetime.now(UTC) + timedelta(hours=2))
+    shown = as_json(pgdq(database, "peek", "--json", queue_name))
+    assert [(m["key"], m["payload"]) for m in shown] == [("keyed", 1), (None, {"n": 2}), (None, 3)]
+    assert [m["id"] for m in shown][1:] == [sent, other] and isinstance(shown[0]["id"], int)
+    rows = [line.split("\t") for line in pgdq(database, "peek", queue_name).output.splitlines()]
+    assert [(r[0], r[5], r[6]) for r in rows] == [
+        ("keyed", "1", str(shown[0]["id"])),
+        ("", '{"n": 2}', str(sent)),
+        ("", "3", str(other)),
+    ], "a keyless message's key is empty, its id the last column"
+    assert as_json(pgdq(database, "cancel", "--json", queue_name, "--id", str(sent))) == {"cancelled": True}
+    missing = pgdq(database, "cancel", queue_name, "--id", str(sent))
+    assert missing.exit_code == 4 and f"no message of id {sent} in" in missing.output
+    both = pgdq(database, "cancel", queue_name, "keyed", "--id", str(other))
+    assert both.exit_code == 2 and "not both" in both.output
+    neither = pgdq(database, "cancel", queue_name)
+    assert neither.exit_code == 2 and "--id" in neither.output
+    with Queue(queue_name, database) as q:
+        assert q.get_id(sent) is None and q.get_id(other) is not None and q.get("keyed") is not None
+        q.purge()
+        first, second = q.send("a"), q.send("b")
+    polled = as_json(pgdq(database, "poll", "--json", queue_name, "--max", "2"))
+    assert sorted((d["key"], d["id"]) for d in polled) == [(None, first), (None, second)]
+    with Queue(queue_name, database) as q:
+        for d in polled:
+            assert q.dead_letter(UUID(d["lock_token"]), f"ValueError: {d['id']} broke")
+    dead = as_json(pgdq(database, "dead-letters", "list", "--json", queue_name))
+    assert sorted((d["key"], d["id"]) for d in dead) == [(None, first), (None, second)]
+    rows = [line.split("\t") for line in pgdq(database, "dead-letters", "list", queue_name).output.splitlines()]
+    assert sorted((r[0], r[4]) for r in rows) == [("", str(first)), ("", str(second))]
+    redriven = as_json(pgdq(database, "dead-letters", "redrive", "--json", queue_name, "--id", str(first)))
+    assert redriven["redriven"] == 1 and redriven["id"] not in (None, first, second)
+    again = as_json(pgdq(database, "dead-letters", "redrive", "--json", queue_name, "--id", str(first)))
+    assert again == {"redriven": 0, "id": None}
+    clash = pgdq(database, "dead-letters", "purge", "--yes", queue_name, "--key", "k", "--id", str(second))
+    assert clash.exit_code == 2 and "not both" in clash.output
+    asked = pgdq(database, "dead-letters", "purge", queue_name, "--id", str(second), stdin="n\n")
+    assert asked.exit_code == 1 and f"the dead letter of id {second}" in asked.output
+    assert as_json(pgdq(database, "dead-letters", "purge", "--json", "--yes", queue_name, "--id", str(second))) == {
+        "purged": 1
+    }
+    with Queue(queue_name, database) as q:
+        assert q.dead_letters() == []
+        (back,) = q.peek()
+        assert back.key is None and back.id == redriven["id"] and back.raw_payload == "a"
 
 
 def jsonl(*items: dict[str, Any] | str) -> str:
@@ -411,6 +464,7 @@ NEEDS_PGDQ = [
     ["nack", TOKEN],
     ["peek", "q"],
     ["cancel", "q", "k"],
+    ["cancel", "q", "--id", "1"],
     ["purge", "q", "--yes"],
     ["stats"],
     ["schedules", "list"],
@@ -421,6 +475,7 @@ NEEDS_PGDQ = [
     ["channel", "remove", "q", "c"],
     ["dead-letters", "list", "q"],
     ["dead-letters", "redrive", "q"],
+    ["dead-letters", "redrive", "q", "--id", "1"],
     ["dead-letters", "purge", "q", "--yes"],
     ["worker", "--queue", "q", "--handler", "json:dumps"],
     ["upgrade"],

@@ -98,6 +98,68 @@ def test_redrive_through_the_button(browser: sync_api.Browser, server: Server, q
     page.close()
 
 
+def _bury_keyless(q: Queue, *payloads: int) -> list[int]:
+    """One keyless dead letter per payload (on a queue with nothing due); their ids, ascending."""
+    for payload in payloads:
+        q.send(payload)
+    for d in q.poll_many(len(payloads)):
+        d.dead_letter(f"boom: keyless {d.raw_payload}")
+    return sorted(d.id for d in q.dead_letters() if d.key is None and d.id is not None)
+
+
+def test_keyless_dead_letters_show_their_id_and_act_by_it(browser: sync_api.Browser, server: Server, q: Queue) -> None:
+    first, second = _bury_keyless(q, 7, 8)
+    _fill(q)
+    page = browser.new_page()
+    asked: list[str] = []
+    page.on("dialog", lambda d: (asked.append(d.message), d.accept()))
+    page.goto(f"{server.url}/queues/{q.name}")
+    row = page.locator(f'tr[data-id="{first}"]')
+    row.wait_for()
+    cells = row.locator("td").all_inner_texts()
+    assert cells[:2] == ["–", str(first)] and "boom: keyless 7" in cells[3], "no key: a dash, then the id"
+    keyed_id = next(d.id for d in q.dead_letters() if d.key == "dead")
+    assert page.locator('tr[data-key="dead"] td').nth(1).inner_text() == str(keyed_id)
+    assert "None" not in page.locator("#summary table").last.inner_text()
+    row.locator("button", has_text="Redrive").click()
+    row.wait_for(state="detached", timeout=10_000)
+    assert asked == [f"Offer the keyless dead letter {first} again, due now?"]
+    assert [m.raw_payload for m in q.peek() if m.key is None] == [7], "redriven as a keyless message"
+    page.locator(f'tr[data-id="{second}"] button', has_text="Purge").click()
+    page.locator(f'tr[data-id="{second}"]').wait_for(state="detached", timeout=10_000)
+    assert asked[1] == f"Delete the keyless dead letter {second} for good?"
+    assert [d.key for d in q.dead_letters()] == ["dead"], "the keyed dead letter stays"
+    assert [m.raw_payload for m in q.peek() if m.key is None] == [7], "purged, not redriven"
+    page.close()
+
+
+def test_keyless_actions_need_admin_on_the_queue(database: str, q: Queue, tmp_path: Path) -> None:
+    first, second = _bury_keyless(q, 1, 2)
+    wanted = {"reader": (["consume"], [q.name]), "other": (["admin"], ["elsewhere"]), "admin": (["admin"], [q.name])}
+    secrets = make_tokens(tmp_path / "tokens.json", wanted)
+    s = serve(database, "--tokens", str(tmp_path / "tokens.json"))
+    base = f"{s.url}/dashboard/queues/{q.name}/dead-letters/by-id"
+    try:
+        for action in ("redrive", "purge"):
+            assert httpx.post(f"{base}/{first}/{action}").status_code == 401, "no token"
+            for name in ("reader", "other"):
+                r = httpx.post(f"{base}/{first}/{action}", headers={"Authorization": f"Bearer {secrets[name]}"})
+                assert r.status_code == 403 and "admin" in r.json()["error"], (name, action)
+            cookie = {"pgdq_token": secrets["admin"]}
+            foreign = httpx.post(f"{base}/{first}/{action}", cookies=cookie, headers={"Origin": "http://evil.example"})
+            assert foreign.status_code == 403 and "another site or origin" in foreign.text, action
+        assert sorted(d.id or 0 for d in q.dead_letters()) == [first, second], "nothing redriven or purged"
+        admin = {"Authorization": f"Bearer {secrets['admin']}"}
+        assert httpx.post(f"{base}/{first}/redrive", headers=admin).status_code == 200
+        assert httpx.post(f"{base}/{second}/purge", headers=admin).status_code == 200
+        assert q.dead_letters() == [] and [m.raw_payload for m in q.peek()] == [1]
+        for bad in ("0", "x", str(2**63)):
+            r = httpx.post(f"{base}/{bad}/purge", headers=admin)
+            assert r.status_code == 400 and "id" in r.json()["error"], bad
+    finally:
+        s.stop()
+
+
 def test_tokens_login_and_scopes(browser: sync_api.Browser, database: str, q: Queue, tmp_path: Path) -> None:
     _fill(q)
     secrets = make_tokens(tmp_path / "tokens.json", {"reader": (["consume"], [q.name])})

@@ -79,6 +79,8 @@ DASHBOARD = [
     ("GET", "/dashboard/queues/{queue}"),
     ("POST", "/dashboard/queues/{queue}/dead-letters/redrive"),
     ("POST", "/dashboard/queues/{queue}/dead-letters/purge?all=true"),
+    ("POST", "/dashboard/queues/{queue}/dead-letters/by-id/1/redrive"),
+    ("POST", "/dashboard/queues/{queue}/dead-letters/by-id/1/purge"),
 ]
 
 

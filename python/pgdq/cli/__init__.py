@@ -17,7 +17,7 @@ Exit codes: 0 done, 1 an error the message explains (pgdq's or the
 server's, or no connection), 2 bad usage (bad arguments, an argument pgdq
 refuses, a malformed --dsn or an unusable --schema), 3 pgdq not installed in
 the schema (any command that needs it), 4 nothing there to act on: some lock
-tokens were stale (ack, nack), no message of the key (cancel), no schedule
+tokens were stale (ack, nack), no message of the key or id (cancel), no schedule
 of the name (schedules remove), no limits on the channel (channel remove).
 """
 

@@ -33,7 +33,10 @@ from ._base import (
 @click.option("--leased", "which", flag_value="leased", help="only leased messages")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 1000), help="at most this many")
 def peek(dsn: str | None, schema: str, as_json: bool, queue: str, which: str | None, limit: int) -> None:
-    """Messages of QUEUE, earliest due first, without locking or changing them."""
+    """Messages of QUEUE, earliest due first, without locking or changing them.
+
+    A keyless message's key is empty (null with --json); the id, last, is
+    what `pgdq cancel QUEUE --id ID` takes."""
     with _queue(dsn, schema, queue) as q:
         found = q.peek(which, limit)
     rows = [
@@ -47,6 +50,7 @@ def peek(dsn: str | None, schema: str, as_json: bool, queue: str, which: str | N
             "leased": m.leased,
             "lease_until": m.lease_until,
             "last_error": m.last_error,
+            "id": m.id,
         }
         for m in found
     ]
@@ -55,7 +59,7 @@ def peek(dsn: str | None, schema: str, as_json: bool, queue: str, which: str | N
         as_json,
         lambda: _table(
             f"{queue}: {len(rows)} {which + ' ' if which else ''}messages",
-            ["key", "due_at", "attempts", "leased", "last_error", "payload"],
+            ["key", "due_at", "attempts", "leased", "last_error", "payload", "id"],
             [
                 [
                     m.key,
@@ -64,6 +68,7 @@ def peek(dsn: str | None, schema: str, as_json: bool, queue: str, which: str | N
                     "leased" if m.leased else "",
                     _last_line(m.last_error),
                     json.dumps(m.raw_payload),
+                    m.id,
                 ]
                 for m in found
             ],
@@ -74,12 +79,23 @@ def peek(dsn: str | None, schema: str, as_json: bool, queue: str, which: str | N
 @click.command()
 @common_options
 @click.argument("queue")
-@click.argument("key")
-def cancel(dsn: str | None, schema: str, as_json: bool, queue: str, key: str) -> None:
-    """Delete the message of KEY, leased or not; exit 4 if there was none."""
+@click.argument("key", required=False)
+@click.option("--id", "message_id", type=int, default=None, help="the message of this id instead (keyless ones too)")
+def cancel(dsn: str | None, schema: str, as_json: bool, queue: str, key: str | None, message_id: int | None) -> None:
+    """Delete the message of KEY (or --id ID), leased or not; exit 4 if there was none."""
+    _key_or_id(key, message_id, "KEY")
     with _queue(dsn, schema, queue) as q:
-        done = q.cancel(key)
-    _emit_done(done, "cancelled", f"no message {key} in {queue}", as_json)
+        done = q.cancel(key) if key is not None else q.cancel_id(message_id or 0)
+    what = key if key is not None else f"of id {message_id}"
+    _emit_done(done, "cancelled", f"no message {what} in {queue}", as_json)
+
+
+def _key_or_id(key: str | None, message_id: int | None, key_name: str, required: bool = True) -> None:
+    """Exit 2 unless exactly one of a key and --id is given (at most one when not required)."""
+    if key is not None and message_id is not None:
+        raise click.UsageError(f"give {key_name} or --id, not both")
+    if required and key is None and message_id is None:
+        raise click.UsageError(f"give {key_name}, or --id for a message by its id (keyless ones have only an id)")
 
 
 @click.command()
@@ -202,7 +218,8 @@ def dead_letters() -> None:
 @click.argument("queue")
 @click.option("--max", "max_count", default=100, show_default=True, type=click.IntRange(min=1))
 def dead_list(dsn: str | None, schema: str, as_json: bool, queue: str, max_count: int) -> None:
-    """The oldest failures first."""
+    """The oldest failures first; a keyless one's key is empty (null with
+    --json), and its id (last) is what redrive and purge take with --id."""
     with _queue(dsn, schema, queue) as q:
         dead = q.dead_letters(max_count)
     _emit(
@@ -210,8 +227,8 @@ def dead_list(dsn: str | None, schema: str, as_json: bool, queue: str, max_count
         as_json,
         lambda: _table(
             f"{queue}: {_count(len(dead), 'dead letter')}",
-            ["key", "attempts", "failed_at", "error"],
-            [[d.key, d.attempts, d.failed_at, _last_line(d.error)] for d in dead],
+            ["key", "attempts", "failed_at", "error", "id"],
+            [[d.key, d.attempts, d.failed_at, _last_line(d.error), d.id] for d in dead],
         ),
     )
 
@@ -220,27 +237,42 @@ def dead_list(dsn: str | None, schema: str, as_json: bool, queue: str, max_count
 @common_options
 @click.argument("queue")
 @click.option("--key", default=None, help="only this key")
+@click.option("--id", "dead_id", type=int, default=None, help="only the dead letter of this id (keyless ones too)")
 @click.option("--at", "at_text", help="due time, ISO 8601 with a zone (default: now)")
-def dead_redrive(dsn: str | None, schema: str, as_json: bool, queue: str, key: str | None, at_text: str | None) -> None:
-    """Offer the dead letters again (fresh: no attempts, no state)."""
+def dead_redrive(
+    dsn: str | None, schema: str, as_json: bool, queue: str, key: str | None, dead_id: int | None, at_text: str | None
+) -> None:
+    """Offer the dead letters again (fresh: no attempts, no state); with
+    --id, that one alone, and --json says the id of the message it became."""
+    _key_or_id(key, dead_id, "--key", required=False)
     at = _when(at_text, None)
     with _queue(dsn, schema, queue) as q:
-        count = q.redrive(key, at)
-    _emit({"redriven": count}, as_json, lambda: click.echo(f"{count} re-offered"))
+        if dead_id is None:
+            count = q.redrive(key, at)
+            _emit({"redriven": count}, as_json, lambda: click.echo(f"{count} re-offered"))
+            return
+        new_id = q.redrive_id(dead_id, at)
+    count = 0 if new_id is None else 1
+    _emit({"redriven": count, "id": new_id}, as_json, lambda: click.echo(f"{count} re-offered"))
 
 
 @dead_letters.command("purge")
 @common_options
 @click.argument("queue")
 @click.option("--key", default=None, help="only this key")
+@click.option("--id", "dead_id", type=int, default=None, help="only the dead letter of this id (keyless ones too)")
 @click.option("--yes", is_flag=True, help="do not ask")
-def dead_purge(dsn: str | None, schema: str, as_json: bool, queue: str, key: str | None, yes: bool) -> None:
-    """Delete the dead letters."""
+def dead_purge(
+    dsn: str | None, schema: str, as_json: bool, queue: str, key: str | None, dead_id: int | None, yes: bool
+) -> None:
+    """Delete the dead letters (--key's or --id's only, if given)."""
+    _key_or_id(key, dead_id, "--key", required=False)
     with _queue(dsn, schema, queue) as q:
         if not yes:
             what = f"the dead letter {key}" if key else "every dead letter"
+            what = what if dead_id is None else f"the dead letter of id {dead_id}"
             click.confirm(f"Delete {what} of {queue}?", abort=True, err=True)
-        count = q.purge_dead_letters(key)
+        count = q.purge_dead_letters(key) if dead_id is None else q.purge_dead_letter_id(dead_id)
     _emit({"purged": count}, as_json, lambda: click.echo(f"{count} deleted"))
 
 

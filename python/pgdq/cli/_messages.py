@@ -215,7 +215,8 @@ def _progress(queue: str) -> Iterator[Callable[[int], None]]:
 @click.option("--lease", default=60.0, show_default=True, type=click.FloatRange(min=0.001), help="seconds")
 def poll(dsn: str | None, schema: str, as_json: bool, queue: str, max_count: int, lease: float) -> None:
     """Lease due messages (for debugging); prints their lock tokens, whole
-    (`pgdq poll Q | cut -f1 | xargs pgdq ack`)."""
+    (`pgdq poll Q | cut -f1 | xargs pgdq ack`), and their ids last (a
+    keyless message's key is empty)."""
     with _queue(dsn, schema, queue) as q:
         got = q.poll_many(max_count, timedelta(seconds=lease))
     rows = [
@@ -227,6 +228,7 @@ def poll(dsn: str | None, schema: str, as_json: bool, queue: str, max_count: int
             "channel": d.channel,
             "priority": d.priority,
             "payload": d.raw_payload,
+            "id": d.id,
         }
         for d in got
     ]
@@ -235,8 +237,8 @@ def poll(dsn: str | None, schema: str, as_json: bool, queue: str, max_count: int
         as_json,
         lambda: _table(
             f"{queue}: {len(rows)} leased",
-            ["lock_token", "key", "attempts", "lease_until", "payload"],
-            [[d.lock_token, d.key, d.attempts, d.lease_until, json.dumps(d.raw_payload)] for d in got],
+            ["lock_token", "key", "attempts", "lease_until", "payload", "id"],
+            [[d.lock_token, d.key, d.attempts, d.lease_until, json.dumps(d.raw_payload), d.id] for d in got],
         ),
     )
 

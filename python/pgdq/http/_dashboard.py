@@ -2,7 +2,8 @@
 with htmx (fragments re-read every few seconds), the chart drawn by
 Chart.js. Every number comes from one SQL function per fragment: dq_stats
 and dq_dead_stats for the overview; dq_stats, dq_due_hours, dq_channels,
-dq_schedules and dq_dead_list for a queue. None of these routes is in the
+dq_schedules and dq_dead_list for a queue. A dead letter's buttons name it
+by key, a keyless one's (1.2) by id. None of these routes is in the
 OpenAPI document; they check tokens like the API (a bearer header, or the
 cookie the login form sets, which POST /logout clears). What a page on
 another site may not do to them (CSRF, DNS rebinding, frames) is _guard's."""
@@ -12,10 +13,11 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
@@ -25,6 +27,7 @@ from ._auth import Token, find_token
 from ._v1 import INFINITY, MINUS_INFINITY, QueueName, SegmentRoute, _client, _queue
 
 HERE = Path(__file__).parent
+DeadLetterId = Annotated[int, PathParam(ge=1, le=2**63 - 1, description="the dead letter's id (dq_dead_list)")]
 router = APIRouter(include_in_schema=False, route_class=SegmentRoute)
 LOGIN_BODY_LIMIT = 4096  # bytes of a login form
 COOKIE_HOURS = 12  # how long the login cookie lasts (less if the token expires sooner)
@@ -149,6 +152,22 @@ async def purge(
     if key is None and not every:
         raise ApiError(400, "purge needs key (one dead letter) or all=true (every one)")
     await _queue(request, queue).purge_dead_letters(key)
+    return await queue_summary(request, queue)
+
+
+@router.post("/dashboard/queues/{queue}/dead-letters/by-id/{id}/redrive", response_class=HTMLResponse)
+async def redrive_id(request: Request, queue: QueueName, id: DeadLetterId) -> Response:
+    """Offer the dead letter of id (keyless ones have only an id) again, due now; admin scope."""
+    authorize(request, "admin", queue)
+    await _queue(request, queue).redrive_id(id)
+    return await queue_summary(request, queue)
+
+
+@router.post("/dashboard/queues/{queue}/dead-letters/by-id/{id}/purge", response_class=HTMLResponse)
+async def purge_id(request: Request, queue: QueueName, id: DeadLetterId) -> Response:
+    """Delete the dead letter of id (keyless ones have only an id); admin scope."""
+    authorize(request, "admin", queue)
+    await _queue(request, queue).purge_dead_letter_id(id)
     return await queue_summary(request, queue)
 
 
