@@ -3,7 +3,7 @@
 -- queue, and keep their index plans after thousands of calls (plpgsql may
 -- switch to generic plans after five).
 BEGIN;
-SELECT plan(28);
+SELECT plan(31);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 INSERT INTO dq_messages (queue, key, payload, scheduled_at, due_at, created_at)
@@ -201,6 +201,24 @@ SELECT cmp_ok(
 SELECT cmp_ok(
     pg_temp.blocks($$SELECT * FROM dq_peek('t_deep', NULL, 100)$$), '<=', 12,
     'dq_peek of 100 of 100,000 messages reads a handful of pages'
+);
+
+-- a queue's stats cost what it holds (1.2): a small queue beside 200,000
+-- messages reads a handful of pages, whatever its plan's estimates say
+SELECT dq_offer('t_small', 'one', '1');
+SELECT pg_temp.blocks($$SELECT * FROM dq_stats('t_warm')$$) + pg_temp.blocks($$SELECT * FROM dq_dead_stats('t_warm')$$) AS warm_up;
+SELECT cmp_ok(
+    pg_temp.blocks($$SELECT * FROM dq_stats('t_small')$$), '<=', 12,
+    'dq_stats of a 1-message queue beside 200,000 messages reads a handful of pages'
+);
+SELECT is(
+    (SELECT row(s.queue, s.ready, s.delayed, s.leased)::text FROM dq_stats('t_small') AS s),
+    row('t_small', 1, 0, 0)::text,
+    'and counts it'
+);
+SELECT cmp_ok(
+    pg_temp.blocks($$SELECT * FROM dq_dead_stats('t_small')$$), '<=', 12,
+    'dq_dead_stats of one queue likewise'
 );
 
 SELECT * FROM finish();

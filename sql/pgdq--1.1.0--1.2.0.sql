@@ -7,6 +7,16 @@
 -- changes is in CHANGELOG.md; tests/test_upgrade.py checks that 1.1.0 plus
 -- the step equals a fresh 1.2.0 install, object for object.
 
+-- The step alters dq_schedules, dq_messages and dq_dead_letters under
+-- ACCESS EXCLUSIVE locks, held until it commits. They are taken first, and
+-- in the order a poll reads the tables (schedules, then messages, then dead
+-- letters): a step that built an index under SHARE and only then asked for
+-- ACCESS EXCLUSIVE deadlocked with polls that held their row locks and
+-- waited to update them (tests/test_upgrade.py). So producers and consumers
+-- wait for the step instead; docs/upgrading.md gives the time.
+LOCK TABLE @extschema@.dq_schedules, @extschema@.dq_messages, @extschema@.dq_dead_letters
+IN ACCESS EXCLUSIVE MODE;
+
 -- Functions whose arguments changed (CREATE OR REPLACE cannot change them).
 -- Tokens in their queue (1.2): the lock-token functions take a last
 -- argument `queue text DEFAULT NULL`; a token of another queue is stale.
@@ -32,11 +42,9 @@ DROP FUNCTION dq__check_finite_elements(timestamptz[], text);
 
 -- Keyless messages (1.2): dq_send writes messages with key NULL, which the
 -- key index leaves out (a partial unique index in place of the constraint),
--- and messages and dead letters gain headers. The new index is built first,
--- under the SHARE lock an index build takes (reads and polls that find
--- nothing go on; writes wait); the ALTER TABLEs then change only the
--- catalog (no rewrite, no scan), but their ACCESS EXCLUSIVE locks last until
--- the step commits. docs/upgrading.md gives the times.
+-- and messages and dead letters gain headers. Building the new index reads
+-- the table once; the ALTER TABLEs change only the catalog (no rewrite, no
+-- scan). docs/upgrading.md gives the times.
 CREATE UNIQUE INDEX dq_messages_queue_key_1_2 ON @extschema@.dq_messages (queue, key)
 WHERE key IS NOT NULL;
 ALTER TABLE @extschema@.dq_messages
@@ -2483,6 +2491,18 @@ BEGIN
 END
 $$;
 
+-- How many dead letters queue has, and its latest failure: its range of
+-- dq_dead_letters_failed, whatever the statistics say (as dq__queue_stats).
+CREATE OR REPLACE FUNCTION dq__dead_queue_stats(queue text) RETURNS TABLE (dead bigint, last_failed_at timestamptz)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+    SELECT count(*), max(d.failed_at)
+    FROM @extschema@.dq_dead_letters AS d
+    WHERE d.queue = dq__dead_queue_stats.queue;
+$$;
+
 -- One row per queue with dead letters (or only queue's, if given): how many,
 -- and the latest failure.
 CREATE OR REPLACE FUNCTION dq_dead_stats(queue text DEFAULT NULL) RETURNS TABLE (
@@ -2496,13 +2516,14 @@ AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_queue(dq_dead_stats.queue) WHERE dq_dead_stats.queue IS NOT NULL;
     SELECT d.queue::text, count(*), max(d.failed_at)
-    FROM (
-        -- every queue, or only the named one's range (1.2: it read every queue)
-        SELECT a.queue, a.failed_at FROM @extschema@.dq_dead_letters AS a WHERE dq_dead_stats.queue IS NULL
-        UNION ALL
-        SELECT o.queue, o.failed_at FROM @extschema@.dq_dead_letters AS o WHERE o.queue = dq_dead_stats.queue
-    ) AS d
+    FROM @extschema@.dq_dead_letters AS d
+    WHERE dq_dead_stats.queue IS NULL
     GROUP BY d.queue
+    UNION ALL
+    -- a named queue: its dead letters only (1.2: it read every queue's)
+    SELECT dq_dead_stats.queue, s.dead, s.last_failed_at
+    FROM @extschema@.dq__dead_queue_stats(dq_dead_stats.queue) AS s
+    WHERE dq_dead_stats.queue IS NOT NULL AND s.dead > 0
     ORDER BY 1;
 $$;
 
@@ -2623,12 +2644,11 @@ BEGIN
     SELECT coalesce(array_agg(o.key ORDER BY o.key), '{}'), coalesce(array_agg(o.ctid ORDER BY o.key), '{}')
     INTO v_offered, v_offered_rows
     FROM offered AS o;
-    IF cardinality(v_offered) = 0 THEN
-        RETURN 0;
-    END IF;
 
     -- Then their dead letters, locked afresh in key order and removed (a
-    -- second statement: its snapshot sees the versions just locked).
+    -- second statement: its snapshot sees the versions just locked). Run
+    -- even when nothing was offered, so that a caller who may not remove
+    -- dead letters is refused whether there were any or not.
     v_dead_rows := ARRAY(
         SELECT d.ctid FROM @extschema@.dq_dead_letters AS d
         WHERE d.queue = dq__redrive_keyed.queue AND d.key = ANY(v_offered)
@@ -2661,10 +2681,12 @@ BEGIN
     WHERE m.ctid = r.row_at
         AND (m.payload, m.channel, m.priority, m.headers) IS DISTINCT FROM (r.payload, r.channel, r.priority, r.headers);
 
-    PERFORM @extschema@.dq__offers_written(
-        dq__redrive_keyed.queue, v_channels, v_priorities,
-        array_fill(at, ARRAY[cardinality(v_keys)]), NULL::boolean[], now_at
-    );
+    IF cardinality(v_keys) > 0 THEN
+        PERFORM @extschema@.dq__offers_written(
+            dq__redrive_keyed.queue, v_channels, v_priorities,
+            array_fill(at, ARRAY[cardinality(v_keys)]), NULL::boolean[], now_at
+        );
+    END IF;
     RETURN cardinality(v_keys);
 END
 $$;
@@ -2775,6 +2797,9 @@ BEGIN
     ORDER BY d.key NULLS FIRST
     LIMIT 1;
     IF NOT FOUND THEN
+        -- a redrive of nothing, so that a caller who may not redrive is
+        -- refused whether the dead letter exists or not
+        PERFORM @extschema@.dq__redrive_keyed(dq_dead_redrive_id.queue, '', v_now, v_now);
         RETURN NULL;
     ELSIF v_key IS NULL THEN
         RETURN (@extschema@.dq__redrive_keyless(
@@ -3093,6 +3118,40 @@ BEGIN
 END
 $$;
 
+-- dq_stats of one queue (its counts at now; zeros when it has none), read
+-- from its ranges of the two poll indexes, which between them hold every
+-- message: it costs what the queue holds, whatever the statistics say (with
+-- a generic plan, a queue looked as large as any and got a scan of every
+-- queue's messages). The counts are those of dq_stats's overview.
+CREATE OR REPLACE FUNCTION dq__queue_stats(queue text) RETURNS TABLE (
+    ready bigint,
+    delayed bigint,
+    leased bigint,
+    oldest_ready_at timestamptz,
+    next_due_at timestamptz
+)
+LANGUAGE sql VOLATILE  -- it reads dq_now, which can raise (20_checks.sql)
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+    SELECT
+        count(*) FILTER (WHERE m.due_at <= n.now_at),
+        count(*) FILTER (WHERE m.due_at > n.now_at AND m.lock_token IS NULL),
+        count(*) FILTER (WHERE @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)),
+        min(m.due_at) FILTER (WHERE m.due_at <= n.now_at),
+        min(m.due_at) FILTER (WHERE m.due_at > n.now_at AND m.lock_token IS NULL)
+    FROM (
+        SELECT p.due_at, p.lock_token
+        FROM @extschema@.dq_messages AS p
+        WHERE p.queue = dq__queue_stats.queue AND p.channel = '' AND p.priority = 0
+        UNION ALL
+        SELECT g.due_at, g.lock_token
+        FROM @extschema@.dq_messages AS g
+        WHERE g.queue = dq__queue_stats.queue AND (g.channel <> '' OR g.priority <> 0)
+    ) AS m
+    CROSS JOIN @extschema@.dq_now() AS n (now_at);
+$$;
+
 -- One row per queue with messages, or exactly one row for the named queue.
 CREATE OR REPLACE FUNCTION dq_stats(queue text DEFAULT NULL) RETURNS TABLE (
     queue text,
@@ -3107,51 +3166,23 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_queue(dq_stats.queue) WHERE dq_stats.queue IS NOT NULL;
-    WITH counted AS (
-        SELECT
-            m.queue,
-            count(*) FILTER (WHERE m.due_at <= n.now_at) AS ready,
-            count(*) FILTER (
-                WHERE m.due_at > n.now_at AND m.lock_token IS NULL
-            ) AS delayed,
-            count(*) FILTER (
-                WHERE @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)
-            ) AS leased,
-            min(m.due_at) FILTER (WHERE m.due_at <= n.now_at) AS oldest_ready_at,
-            min(m.due_at) FILTER (
-                WHERE m.due_at > n.now_at AND m.lock_token IS NULL
-            ) AS next_due_at
-        FROM (
-            -- every queue: one pass over the table
-            SELECT a.queue, a.due_at, a.lock_token
-            FROM @extschema@.dq_messages AS a
-            WHERE dq_stats.queue IS NULL
-            UNION ALL
-            -- a named queue: its ranges of the two poll indexes, which
-            -- between them hold every message (1.2: it read every queue)
-            SELECT p.queue, p.due_at, p.lock_token
-            FROM @extschema@.dq_messages AS p
-            WHERE p.queue = dq_stats.queue AND p.channel = '' AND p.priority = 0
-            UNION ALL
-            SELECT g.queue, g.due_at, g.lock_token
-            FROM @extschema@.dq_messages AS g
-            WHERE g.queue = dq_stats.queue AND (g.channel <> '' OR g.priority <> 0)
-        ) AS m
-        CROSS JOIN @extschema@.dq_now() AS n (now_at)
-        GROUP BY m.queue
-    )
-
+    -- every queue: one pass over the table (the counts as dq__queue_stats's)
     SELECT
-        coalesce(c.queue, named.queue)::text,
-        coalesce(c.ready, 0),
-        coalesce(c.delayed, 0),
-        coalesce(c.leased, 0),
-        c.oldest_ready_at,
-        c.next_due_at
-    FROM counted AS c
-    -- a named queue always gets its row, zeros when empty
-    FULL JOIN (SELECT dq_stats.queue AS queue WHERE dq_stats.queue IS NOT NULL) AS named
-        ON c.queue = named.queue
+        m.queue::text,
+        count(*) FILTER (WHERE m.due_at <= n.now_at),
+        count(*) FILTER (WHERE m.due_at > n.now_at AND m.lock_token IS NULL),
+        count(*) FILTER (WHERE @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)),
+        min(m.due_at) FILTER (WHERE m.due_at <= n.now_at),
+        min(m.due_at) FILTER (WHERE m.due_at > n.now_at AND m.lock_token IS NULL)
+    FROM @extschema@.dq_messages AS m
+    CROSS JOIN @extschema@.dq_now() AS n (now_at)
+    WHERE dq_stats.queue IS NULL
+    GROUP BY m.queue
+    UNION ALL
+    -- a named queue: its messages only, zeros when it has none (1.2: it read every queue)
+    SELECT dq_stats.queue, s.*
+    FROM @extschema@.dq__queue_stats(dq_stats.queue) AS s
+    WHERE dq_stats.queue IS NOT NULL
     ORDER BY 1;
 $$;
 
@@ -4313,9 +4344,7 @@ $$;
 --   on); dq_schedule_set starts it again.
 -- One pass over each table, writing only rows outside the range (the usual
 -- database has none), under the locks ordinary updates take; producers and
--- consumers go on meanwhile. The schedules come last: ALTER TABLE locks
--- dq_schedules, which every poll reads, so it waits until the long passes
--- are done and holds its lock only for the rest of the step.
+-- consumers wait for the step (its first statement locks the tables).
 UPDATE @extschema@.dq_messages
 SET scheduled_at = @extschema@.dq__clamp_time(scheduled_at),
     due_at = @extschema@.dq__clamp_time(due_at),

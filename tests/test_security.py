@@ -242,6 +242,30 @@ def test_the_privileges_table_is_what_the_readme_grants_allow(database: str, rol
             admin.execute("DELETE FROM dq_queues WHERE queue = %s", (q,))
 
 
+def test_a_role_that_may_not_redrive_is_refused_whether_the_dead_letter_exists_or_not(
+    database: str, roles: None
+) -> None:
+    q = f"sec_redrive_{TAG}"
+    with connect(database) as admin:
+        admin.execute("SELECT dq_configure(%s, 1)", (q,))
+        admin.execute("SELECT dq_offer(%s, 'live', '1'), dq_offer(%s, 'dead', '1'), dq_send(%s, '1')", (q, q, q))
+        assert value(admin, "SELECT count(dq_dead_letter(lock_token)) FROM dq_poll_many(%s, 3)", q) == 3
+        admin.execute("SELECT dq_offer(%s, 'live', '2')", (q,))  # the key 'live' lives again
+        ids = [r[0] for r in rows(admin, "SELECT id FROM dq_dead_list(%s) ORDER BY key", q)]
+        missing = max(ids) + 1000
+        try:
+            for call in ("SELECT dq_dead_redrive_id(%(q)s, %(id)s)", "SELECT dq_dead_purge_id(%(q)s, %(id)s)"):
+                for dead_id in (*ids, missing):  # keyed, keyed but live again, keyless, none
+                    assert not may_call(admin, CONSUMER, call, {"q": q, "id": dead_id}), (call, dead_id)
+                    assert not may_call(admin, NOBODY, call, {"q": q, "id": dead_id}), (call, dead_id)
+            for key in ("dead", "live", "never"):
+                call = "SELECT dq_dead_redrive(%(q)s, %(key)s)"
+                assert not may_call(admin, CONSUMER, call, {"q": q, "key": key}), key
+            assert value(admin, "SELECT count(*) FROM dq_dead_list(%s)", q) == 3, "nothing moved"
+        finally:
+            admin.execute("SELECT dq_purge(%s), dq_dead_purge(%s)", (q, q))
+
+
 def test_without_isolation_the_grants_reach_every_queue(database: str, roles: None) -> None:
     """The default, so that a change of it is noticed: a producer or consumer
     role reads, configures and purges another team's queue."""

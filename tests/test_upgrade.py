@@ -10,7 +10,9 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from conftest import DB, dsn, recreate_database
 from pgdq import install
 from pgdq._script import quote_ident, released_install_script, upgrade_steps
 from pgdq.install import upgrade
+from waiting import wait_for
 
 FIRST_RELEASE = "1.0.0"
 # every released version, each upgraded in place by the tests below
@@ -486,3 +489,40 @@ def test_every_version_number_agrees(database: str) -> None:
     assert set(found.values()) == {pgdq.__version__}, found
     steps = {(old, new) for old, new, _ in upgrade_steps(FIRST_RELEASE, pgdq.__version__)}
     assert steps, "a step script leads from the first release to this version"
+
+
+def _poll_until(conninfo: str, done: threading.Event, errors: list[BaseException]) -> int:
+    """Poll and ack queue 'busy' in a loop until done is set: the number of
+    calls, each error kept in errors."""
+    calls = 0
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        while not done.is_set():
+            try:
+                tokens = [r[0] for r in conn.execute("SELECT lock_token FROM dq_poll_many('busy', 50)").fetchall()]
+                conn.execute("SELECT dq_ack_many(%s)", (tokens,))
+            except psycopg.Error as error:
+                errors.append(error)
+            calls += 1
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["extension", "plain"])
+def test_consumers_polling_through_the_upgrade_wait_for_it_without_failing(scratch: str, kind: str) -> None:
+    """1.2 builds an index on dq_messages: taking ACCESS EXCLUSIVE only after
+    the SHARE lock of the build deadlocked with polls that held row locks
+    and waited to update them (seen in the bench's W12)."""
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        install_released(conn, kind, version="1.1.0")
+        conn.execute(
+            "SELECT count(*) FROM dq_offer_many('busy', ARRAY(SELECT 'k' || g FROM generate_series(1, 200000) g),"
+            " ARRAY(SELECT '1'::jsonb FROM generate_series(1, 200000)))"
+        )
+        done, errors = threading.Event(), []
+        with ThreadPoolExecutor(2) as pool:
+            pollers = [pool.submit(_poll_until, scratch, done, errors) for _ in range(2)]
+            wait_for(lambda: conn.execute("SELECT count(*) FROM dq_messages").fetchone() != (200000,), "a poll acked")
+            upgrade_to_current(conn, kind, version="1.1.0")
+            done.set()
+            calls = sum(p.result() for p in pollers)
+        assert errors == [], "no poll failed"
+        assert calls > 2, "the pollers ran"

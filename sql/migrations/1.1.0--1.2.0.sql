@@ -4,6 +4,16 @@
 -- changes is in CHANGELOG.md; tests/test_upgrade.py checks that 1.1.0 plus
 -- the step equals a fresh 1.2.0 install, object for object.
 
+-- The step alters dq_schedules, dq_messages and dq_dead_letters under
+-- ACCESS EXCLUSIVE locks, held until it commits. They are taken first, and
+-- in the order a poll reads the tables (schedules, then messages, then dead
+-- letters): a step that built an index under SHARE and only then asked for
+-- ACCESS EXCLUSIVE deadlocked with polls that held their row locks and
+-- waited to update them (tests/test_upgrade.py). So producers and consumers
+-- wait for the step instead; docs/upgrading.md gives the time.
+LOCK TABLE @extschema@.dq_schedules, @extschema@.dq_messages, @extschema@.dq_dead_letters
+IN ACCESS EXCLUSIVE MODE;
+
 -- Functions whose arguments changed (CREATE OR REPLACE cannot change them).
 -- Tokens in their queue (1.2): the lock-token functions take a last
 -- argument `queue text DEFAULT NULL`; a token of another queue is stale.
@@ -29,11 +39,9 @@ DROP FUNCTION dq__check_finite_elements(timestamptz[], text);
 
 -- Keyless messages (1.2): dq_send writes messages with key NULL, which the
 -- key index leaves out (a partial unique index in place of the constraint),
--- and messages and dead letters gain headers. The new index is built first,
--- under the SHARE lock an index build takes (reads and polls that find
--- nothing go on; writes wait); the ALTER TABLEs then change only the
--- catalog (no rewrite, no scan), but their ACCESS EXCLUSIVE locks last until
--- the step commits. docs/upgrading.md gives the times.
+-- and messages and dead letters gain headers. Building the new index reads
+-- the table once; the ALTER TABLEs change only the catalog (no rewrite, no
+-- scan). docs/upgrading.md gives the times.
 CREATE UNIQUE INDEX dq_messages_queue_key_1_2 ON @extschema@.dq_messages (queue, key)
 WHERE key IS NOT NULL;
 ALTER TABLE @extschema@.dq_messages
@@ -72,9 +80,7 @@ DROP FUNCTION dq_dead_list(text, integer);
 --   on); dq_schedule_set starts it again.
 -- One pass over each table, writing only rows outside the range (the usual
 -- database has none), under the locks ordinary updates take; producers and
--- consumers go on meanwhile. The schedules come last: ALTER TABLE locks
--- dq_schedules, which every poll reads, so it waits until the long passes
--- are done and holds its lock only for the rest of the step.
+-- consumers wait for the step (its first statement locks the tables).
 UPDATE @extschema@.dq_messages
 SET scheduled_at = @extschema@.dq__clamp_time(scheduled_at),
     due_at = @extschema@.dq__clamp_time(due_at),

@@ -120,6 +120,18 @@ BEGIN
 END
 $$;
 
+-- How many dead letters queue has, and its latest failure: its range of
+-- dq_dead_letters_failed, whatever the statistics say (as dq__queue_stats).
+CREATE FUNCTION dq__dead_queue_stats(queue text) RETURNS TABLE (dead bigint, last_failed_at timestamptz)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+    SELECT count(*), max(d.failed_at)
+    FROM @extschema@.dq_dead_letters AS d
+    WHERE d.queue = dq__dead_queue_stats.queue;
+$$;
+
 -- One row per queue with dead letters (or only queue's, if given): how many,
 -- and the latest failure.
 CREATE FUNCTION dq_dead_stats(queue text DEFAULT NULL) RETURNS TABLE (
@@ -133,13 +145,14 @@ AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_queue(dq_dead_stats.queue) WHERE dq_dead_stats.queue IS NOT NULL;
     SELECT d.queue::text, count(*), max(d.failed_at)
-    FROM (
-        -- every queue, or only the named one's range (1.2: it read every queue)
-        SELECT a.queue, a.failed_at FROM @extschema@.dq_dead_letters AS a WHERE dq_dead_stats.queue IS NULL
-        UNION ALL
-        SELECT o.queue, o.failed_at FROM @extschema@.dq_dead_letters AS o WHERE o.queue = dq_dead_stats.queue
-    ) AS d
+    FROM @extschema@.dq_dead_letters AS d
+    WHERE dq_dead_stats.queue IS NULL
     GROUP BY d.queue
+    UNION ALL
+    -- a named queue: its dead letters only (1.2: it read every queue's)
+    SELECT dq_dead_stats.queue, s.dead, s.last_failed_at
+    FROM @extschema@.dq__dead_queue_stats(dq_dead_stats.queue) AS s
+    WHERE dq_dead_stats.queue IS NOT NULL AND s.dead > 0
     ORDER BY 1;
 $$;
 
@@ -260,12 +273,11 @@ BEGIN
     SELECT coalesce(array_agg(o.key ORDER BY o.key), '{}'), coalesce(array_agg(o.ctid ORDER BY o.key), '{}')
     INTO v_offered, v_offered_rows
     FROM offered AS o;
-    IF cardinality(v_offered) = 0 THEN
-        RETURN 0;
-    END IF;
 
     -- Then their dead letters, locked afresh in key order and removed (a
-    -- second statement: its snapshot sees the versions just locked).
+    -- second statement: its snapshot sees the versions just locked). Run
+    -- even when nothing was offered, so that a caller who may not remove
+    -- dead letters is refused whether there were any or not.
     v_dead_rows := ARRAY(
         SELECT d.ctid FROM @extschema@.dq_dead_letters AS d
         WHERE d.queue = dq__redrive_keyed.queue AND d.key = ANY(v_offered)
@@ -298,10 +310,12 @@ BEGIN
     WHERE m.ctid = r.row_at
         AND (m.payload, m.channel, m.priority, m.headers) IS DISTINCT FROM (r.payload, r.channel, r.priority, r.headers);
 
-    PERFORM @extschema@.dq__offers_written(
-        dq__redrive_keyed.queue, v_channels, v_priorities,
-        array_fill(at, ARRAY[cardinality(v_keys)]), NULL::boolean[], now_at
-    );
+    IF cardinality(v_keys) > 0 THEN
+        PERFORM @extschema@.dq__offers_written(
+            dq__redrive_keyed.queue, v_channels, v_priorities,
+            array_fill(at, ARRAY[cardinality(v_keys)]), NULL::boolean[], now_at
+        );
+    END IF;
     RETURN cardinality(v_keys);
 END
 $$;
@@ -412,6 +426,9 @@ BEGIN
     ORDER BY d.key NULLS FIRST
     LIMIT 1;
     IF NOT FOUND THEN
+        -- a redrive of nothing, so that a caller who may not redrive is
+        -- refused whether the dead letter exists or not
+        PERFORM @extschema@.dq__redrive_keyed(dq_dead_redrive_id.queue, '', v_now, v_now);
         RETURN NULL;
     ELSIF v_key IS NULL THEN
         RETURN (@extschema@.dq__redrive_keyless(

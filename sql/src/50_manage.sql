@@ -243,6 +243,40 @@ BEGIN
 END
 $$;
 
+-- dq_stats of one queue (its counts at now; zeros when it has none), read
+-- from its ranges of the two poll indexes, which between them hold every
+-- message: it costs what the queue holds, whatever the statistics say (with
+-- a generic plan, a queue looked as large as any and got a scan of every
+-- queue's messages). The counts are those of dq_stats's overview.
+CREATE FUNCTION dq__queue_stats(queue text) RETURNS TABLE (
+    ready bigint,
+    delayed bigint,
+    leased bigint,
+    oldest_ready_at timestamptz,
+    next_due_at timestamptz
+)
+LANGUAGE sql VOLATILE  -- it reads dq_now, which can raise (20_checks.sql)
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+    SELECT
+        count(*) FILTER (WHERE m.due_at <= n.now_at),
+        count(*) FILTER (WHERE m.due_at > n.now_at AND m.lock_token IS NULL),
+        count(*) FILTER (WHERE @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)),
+        min(m.due_at) FILTER (WHERE m.due_at <= n.now_at),
+        min(m.due_at) FILTER (WHERE m.due_at > n.now_at AND m.lock_token IS NULL)
+    FROM (
+        SELECT p.due_at, p.lock_token
+        FROM @extschema@.dq_messages AS p
+        WHERE p.queue = dq__queue_stats.queue AND p.channel = '' AND p.priority = 0
+        UNION ALL
+        SELECT g.due_at, g.lock_token
+        FROM @extschema@.dq_messages AS g
+        WHERE g.queue = dq__queue_stats.queue AND (g.channel <> '' OR g.priority <> 0)
+    ) AS m
+    CROSS JOIN @extschema@.dq_now() AS n (now_at);
+$$;
+
 -- One row per queue with messages, or exactly one row for the named queue.
 CREATE FUNCTION dq_stats(queue text DEFAULT NULL) RETURNS TABLE (
     queue text,
@@ -257,51 +291,23 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_queue(dq_stats.queue) WHERE dq_stats.queue IS NOT NULL;
-    WITH counted AS (
-        SELECT
-            m.queue,
-            count(*) FILTER (WHERE m.due_at <= n.now_at) AS ready,
-            count(*) FILTER (
-                WHERE m.due_at > n.now_at AND m.lock_token IS NULL
-            ) AS delayed,
-            count(*) FILTER (
-                WHERE @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)
-            ) AS leased,
-            min(m.due_at) FILTER (WHERE m.due_at <= n.now_at) AS oldest_ready_at,
-            min(m.due_at) FILTER (
-                WHERE m.due_at > n.now_at AND m.lock_token IS NULL
-            ) AS next_due_at
-        FROM (
-            -- every queue: one pass over the table
-            SELECT a.queue, a.due_at, a.lock_token
-            FROM @extschema@.dq_messages AS a
-            WHERE dq_stats.queue IS NULL
-            UNION ALL
-            -- a named queue: its ranges of the two poll indexes, which
-            -- between them hold every message (1.2: it read every queue)
-            SELECT p.queue, p.due_at, p.lock_token
-            FROM @extschema@.dq_messages AS p
-            WHERE p.queue = dq_stats.queue AND p.channel = '' AND p.priority = 0
-            UNION ALL
-            SELECT g.queue, g.due_at, g.lock_token
-            FROM @extschema@.dq_messages AS g
-            WHERE g.queue = dq_stats.queue AND (g.channel <> '' OR g.priority <> 0)
-        ) AS m
-        CROSS JOIN @extschema@.dq_now() AS n (now_at)
-        GROUP BY m.queue
-    )
-
+    -- every queue: one pass over the table (the counts as dq__queue_stats's)
     SELECT
-        coalesce(c.queue, named.queue)::text,
-        coalesce(c.ready, 0),
-        coalesce(c.delayed, 0),
-        coalesce(c.leased, 0),
-        c.oldest_ready_at,
-        c.next_due_at
-    FROM counted AS c
-    -- a named queue always gets its row, zeros when empty
-    FULL JOIN (SELECT dq_stats.queue AS queue WHERE dq_stats.queue IS NOT NULL) AS named
-        ON c.queue = named.queue
+        m.queue::text,
+        count(*) FILTER (WHERE m.due_at <= n.now_at),
+        count(*) FILTER (WHERE m.due_at > n.now_at AND m.lock_token IS NULL),
+        count(*) FILTER (WHERE @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)),
+        min(m.due_at) FILTER (WHERE m.due_at <= n.now_at),
+        min(m.due_at) FILTER (WHERE m.due_at > n.now_at AND m.lock_token IS NULL)
+    FROM @extschema@.dq_messages AS m
+    CROSS JOIN @extschema@.dq_now() AS n (now_at)
+    WHERE dq_stats.queue IS NULL
+    GROUP BY m.queue
+    UNION ALL
+    -- a named queue: its messages only, zeros when it has none (1.2: it read every queue)
+    SELECT dq_stats.queue, s.*
+    FROM @extschema@.dq__queue_stats(dq_stats.queue) AS s
+    WHERE dq_stats.queue IS NOT NULL
     ORDER BY 1;
 $$;
 
