@@ -37,6 +37,16 @@ def test_dead_letters_list_redrive_purge(api: httpx.Client, queue_name: str, q: 
     assert api.post(base + "/redrive", json={}).json() == {"redriven": 0}
 
 
+def test_keyless_messages_are_delivered_and_listed_with_key_null(api: httpx.Client, queue_name: str, q: Queue) -> None:
+    first, second = q.send_many([{"n": 1}, {"n": 2}])
+    polled = api.post(f"/v1/queues/{queue_name}/poll", json={"max": 1}).json()["deliveries"]
+    assert [(d["key"], d["id"], d["payload"]) for d in polled] == [(None, first, {"n": 1})]
+    for d in q.poll_many(1):
+        d.dead_letter("gave up")
+    listed = api.get(f"/v1/queues/{queue_name}/dead-letters").json()
+    assert [(d["key"], d["id"], d["error"]) for d in listed] == [(None, second, "gave up")]
+
+
 def test_schedules(api: httpx.Client, queue_name: str, q: Queue) -> None:
     base = f"/v1/queues/{queue_name}/schedules"
     body = {"expression": "0 2 * * *", "timezone": "Europe/Bucharest", "payload": {"report": "sales"}}

@@ -101,7 +101,7 @@ class MessageFields(BaseModel):
     """What a delivery and a dead letter both say of their message."""
 
     queue: str
-    key: str
+    key: str | None = Field(description="null for a keyless message (sent without a key)")
     payload: JsonValue
     state: JsonValue
     scheduled_at: datetime
@@ -151,7 +151,7 @@ class ExtendOut(BaseModel):
 
 class MessageOut(BaseModel):
     queue: str
-    key: str
+    key: str | None = Field(description="null for a keyless message (sent without a key)")
     payload: JsonValue
     state: JsonValue
     scheduled_at: datetime
@@ -175,6 +175,7 @@ class ErrorOut(BaseModel):
 class DeadLetterOut(MessageFields):
     error: str | None
     failed_at: datetime
+    id: int | None = Field(default=None, description="the message's id when it failed")
 
 
 class RedriveIn(DueTime):
