@@ -137,28 +137,24 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
-    v_ids bigint[];
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_send_many.queue);
     PERFORM @extschema@.dq__check_send_arrays(payloads, scheduled_ats, channels, priorities, headers);
     IF cardinality(payloads) = 0 THEN
         RETURN;
     END IF;
-    -- Ids come from the identity in the order rows are inserted, which the
-    -- ORDER BY sets: ascending ids are the input order.
-    WITH sent AS (
-        INSERT INTO @extschema@.dq_messages AS m (
-            queue, payload, scheduled_at, due_at, created_at, channel, priority, headers
-        )
-        SELECT
-            dq_send_many.queue, e.p, coalesce(e.s, v_now), coalesce(e.s, v_now), v_now,
-            coalesce(e.c, ''), coalesce(e.pr, 0), e.h
-        FROM unnest(payloads, scheduled_ats, channels, priorities, headers) WITH ORDINALITY AS e (p, s, c, pr, h, ord)
-        ORDER BY e.ord
-        RETURNING m.id
+    -- One insert, its rows in input order (a function scan feeding the
+    -- insert, nothing between them that reorders): the identity gives them
+    -- ascending ids, returned in that order.
+    RETURN QUERY
+    INSERT INTO @extschema@.dq_messages AS m (
+        queue, payload, scheduled_at, due_at, created_at, channel, priority, headers
     )
-
-    SELECT array_agg(s.id ORDER BY s.id) INTO v_ids FROM sent AS s;
+    SELECT
+        dq_send_many.queue, e.p, coalesce(e.s, v_now), coalesce(e.s, v_now), v_now,
+        coalesce(e.c, ''), coalesce(e.pr, 0), e.h
+    FROM unnest(payloads, scheduled_ats, channels, priorities, headers) AS e (p, s, c, pr, h)
+    RETURNING m.id;
     IF channels IS NULL AND priorities IS NULL THEN
         PERFORM @extschema@.dq__wake_if_head(dq_send_many.queue, CASE
             WHEN scheduled_ats IS NULL THEN v_now
@@ -171,6 +167,5 @@ BEGIN
             NULL::boolean[], v_now
         );
     END IF;
-    RETURN QUERY SELECT unnest(v_ids);
 END
 $$;
