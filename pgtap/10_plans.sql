@@ -137,7 +137,7 @@ FROM (
     ('dq_now', 'dq_now()'),
     ('dq__valid_name', 'dq__valid_name(a.t, 100)'),
     ('dq__valid_lease', 'dq__valid_lease(a.l, a.n)'),
-    ('dq__token', 'dq__token(a.i)'),
+    ('dq__token', 'dq__token(a.i, ''\x0102030405060708''::bytea)'),
     ('dq__token_id', 'dq__token_id(a.u)'),
     ('dq__same_offer', 'dq__same_offer(a.j, a.n, a.t, a.p, a.j, a.n, a.t, a.p)'),
     ('dq__valid_queue', 'dq__valid_queue(a.t)'),

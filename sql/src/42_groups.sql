@@ -749,7 +749,7 @@ BEGIN
     WITH leased AS (
         UPDATE @extschema@.dq_messages AS m
         SET attempts = m.attempts + 1,
-            lock_token = @extschema@.dq__token(m.id),
+            lock_token = @extschema@.dq__token(m.id, (SELECT @extschema@.dq__token_proof())),
             due_at = now_at + lease
         FROM unnest(v_rows) WITH ORDINALITY AS picked (row_at, pos)
         WHERE m.ctid = picked.row_at
