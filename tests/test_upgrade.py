@@ -526,3 +526,27 @@ def test_consumers_polling_through_the_upgrade_wait_for_it_without_failing(scrat
             calls = sum(p.result() for p in pollers)
         assert errors == [], "no poll failed"
         assert calls > 2, "the pollers ran"
+
+
+PREBUILT = "CREATE UNIQUE INDEX CONCURRENTLY dq_messages_queue_key_1_2 ON {}.dq_messages (queue, key) {}"
+
+
+@pytest.mark.parametrize(
+    ("where", "taken"),
+    [("WHERE key IS NOT NULL", True), ("WHERE key IS NOT NULL AND queue <> 'x'", False), ("", False)],
+    ids=["as documented", "another predicate", "not partial"],
+)
+def test_the_key_index_built_beforehand_is_taken_when_it_is_that_index(scratch: str, where: str, taken: bool) -> None:
+    """docs/upgrading.md: on a large table, build 1.2's key index concurrently
+    first; the step then takes it instead of building it under its locks. An
+    index of that name that is another index is rebuilt, so the result always
+    equals a fresh install."""
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        install_released(conn, "plain", "queue_upgraded", "1.1.0")
+        conn.execute(PREBUILT.format("queue_upgraded", where))
+        before = conn.execute("SELECT 'queue_upgraded.dq_messages_queue_key_1_2'::regclass::oid").fetchone()
+        upgrade_to_current(conn, "plain", "queue_upgraded", "1.1.0")
+        after = conn.execute("SELECT 'queue_upgraded.dq_messages_queue_key'::regclass::oid").fetchone()
+        assert (after == before) is taken
+        install(conn, "queue_freshly")
+        assert_same_catalog(catalog(conn, "queue_upgraded"), catalog(conn, "queue_freshly"))

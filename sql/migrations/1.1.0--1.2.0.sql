@@ -42,8 +42,32 @@ DROP FUNCTION dq__check_finite_elements(timestamptz[], text);
 -- and messages and dead letters gain headers. Building the new index reads
 -- the table once; the ALTER TABLEs change only the catalog (no rewrite, no
 -- scan). docs/upgrading.md gives the times.
-CREATE UNIQUE INDEX dq_messages_queue_key_1_2 ON @extschema@.dq_messages (queue, key)
-WHERE key IS NOT NULL;
+-- On a large table the index can be built beforehand without blocking
+-- anyone (docs/upgrading.md): `CREATE UNIQUE INDEX CONCURRENTLY
+-- dq_messages_queue_key_1_2 ON dq_messages (queue, key) WHERE key IS NOT
+-- NULL`. The step takes such an index when it is valid and is that index,
+-- and builds it otherwise (1.37 s under the lock at 1,000,000 messages).
+DO $$
+BEGIN
+    IF NOT EXISTS (
+        SELECT FROM pg_catalog.pg_index AS i
+        INNER JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid
+        WHERE c.relname = 'dq_messages_queue_key_1_2'
+            AND c.relnamespace = '@extschema@'::pg_catalog.regnamespace
+            AND i.indrelid = '@extschema@.dq_messages'::pg_catalog.regclass
+            AND i.indisvalid AND i.indisunique AND i.indnatts = 2
+            AND pg_catalog.pg_get_indexdef(i.indexrelid, 1, TRUE) = 'queue'
+            AND pg_catalog.pg_get_indexdef(i.indexrelid, 2, TRUE) = 'key'
+            AND pg_catalog.pg_get_expr(i.indpred, i.indrelid) = '(key IS NOT NULL)'
+            AND i.indcollation[0] = 'pg_catalog."C"'::pg_catalog.regcollation
+            AND i.indcollation[1] = 'pg_catalog."C"'::pg_catalog.regcollation
+    ) THEN
+        DROP INDEX IF EXISTS @extschema@.dq_messages_queue_key_1_2;
+        CREATE UNIQUE INDEX dq_messages_queue_key_1_2 ON @extschema@.dq_messages (queue, key)
+        WHERE key IS NOT NULL;
+    END IF;
+END
+$$;
 ALTER TABLE @extschema@.dq_messages
     DROP CONSTRAINT dq_messages_queue_key,
     ALTER COLUMN key DROP NOT NULL,
