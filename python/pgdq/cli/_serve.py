@@ -73,10 +73,10 @@ ALLOWED_HOST = re.compile(r"([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
 @click.option(
     "--http",
     "parser",
-    default="h11",
+    default="httptools",
     show_default=True,
-    type=click.Choice(["h11", "httptools"]),
-    help="HTTP parser: h11 bounds a request head; httptools is faster, for behind a proxy that bounds it",
+    type=click.Choice(["httptools", "h11"]),
+    help="HTTP parser: both refuse a request head over 16 KiB; httptools takes about a third less CPU a request",
 )
 def serve(
     dsn: str | None,
@@ -99,6 +99,7 @@ def serve(
     import uvicorn
 
     from ..http import Settings, create_app, load_tokens
+    from ..http._server import MAX_HEAD, BoundedHttpToolsProtocol
 
     if tokens_file is None and not is_loopback(host):
         raise BadInput(f"refusing to serve on {host} without --tokens: anyone who can reach it could use every queue")
@@ -125,7 +126,8 @@ def serve(
     config = uvicorn.Config(
         create_app(settings),
         log_level=log_level.lower(),
-        http=parser,  # h11 bounds a request head waiting unparsed; httptools reads megabytes of one
+        # both parsers refuse a request head still unparsed after MAX_HEAD bytes (uvicorn's httptools alone reads on)
+        http=BoundedHttpToolsProtocol if parser == "httptools" else "h11",
         h11_max_incomplete_event_size=MAX_HEAD,
         timeout_keep_alive=timeout_keep_alive,
         limit_concurrency=limit_concurrency,
@@ -134,9 +136,6 @@ def serve(
     server.run(sockets=[listening])
     if not server.started:
         raise click.ClickException("the server did not start (see the log above)")
-
-
-MAX_HEAD = 16 * 1024  # bytes of a request head that may wait unparsed (a slow or endless head: 400)
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -18,6 +18,7 @@ The CSRF rule, for every method but GET, HEAD and OPTIONS:
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -47,6 +48,7 @@ HEADERS = {
 }
 # Every answer but the dashboard's static files: no browser or proxy keeps queue data (the back button after Sign out).
 NO_STORE = {**HEADERS, "cache-control": "no-store"}
+_ENCODED = {id(h): [(k.encode(), v.encode()) for k, v in h.items()] for h in (HEADERS, NO_STORE)}
 STATIC_PREFIX = "/static/"
 
 
@@ -73,19 +75,21 @@ def _is_loopback(name: str) -> bool:
         return False
 
 
-def served_hosts(server: tuple[str, int | None] | None) -> set[tuple[str, int | None]]:
-    """The (name, port) a request may name in Host for the socket it came in on (the loopback names too)."""
+@functools.lru_cache(maxsize=64)
+def served_hosts(server: tuple[str, int | None] | None) -> frozenset[tuple[str, int | None]]:
+    """The (name, port) a request may name in Host for the socket it came in on (the loopback names too);
+    cached: a server has few addresses, and every request asks."""
     if server is None or server[1] is None:
-        return set()
+        return frozenset()
     name, port = server[0].lower().strip("[]"), server[1]
     names = {name, *LOOPBACK_NAMES} if _is_loopback(name) else {name}
-    return {(n, port) for n in names}
+    return frozenset((n, port) for n in names)
 
 
 def host_allowed(host: str, scheme: str, server: tuple[str, int | None] | None, allowed: Iterable[str]) -> bool:
     """True if the Host header names the served address or an allowed host (one without a port: at any port)."""
     wanted = split_host(host, DEFAULT_PORTS.get(scheme))
-    return wanted in served_hosts(server) or _in_allowed(wanted, allowed)
+    return wanted in served_hosts(tuple(server) if server is not None else None) or _in_allowed(wanted, allowed)
 
 
 def _in_allowed(wanted: tuple[str, int | None], allowed: Iterable[str]) -> bool:
@@ -135,12 +139,12 @@ class BrowserGuard:
             await self.app(scope, receive, send)
             return
 
-        added = HEADERS if scope["path"].startswith(STATIC_PREFIX) else NO_STORE
+        added = _ENCODED[id(HEADERS if scope["path"].startswith(STATIC_PREFIX) else NO_STORE)]
 
         async def with_headers(message: Any) -> None:
             if message["type"] == "http.response.start":
                 present = {name.lower() for name, _ in message.get("headers", [])}
-                extra = [(k.encode(), v.encode()) for k, v in added.items() if k.encode() not in present]
+                extra = [(k, v) for k, v in added if k not in present]
                 message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
 

@@ -44,6 +44,15 @@ class RequestMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=self.registry,
         )
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """metric.labels(*labels), kept: the labels are bounded (method_label, route templates, statuses)."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def middleware(self, app: ASGIApp) -> ASGIApp:
         """app, each HTTP request that reaches a route counted and timed (plain ASGI: no per-request task)."""
@@ -66,8 +75,8 @@ class RequestMetrics:
                 route = getattr(scope.get("route"), "path", None)
                 if route is not None:
                     method = method_label(scope["method"])
-                    self.seconds.labels(method, route).observe(time.perf_counter() - started)
-                    self.requests.labels(method, route, status).inc()
+                    self._child(self.seconds, method, route).observe(time.perf_counter() - started)
+                    self._child(self.requests, method, route, status).inc()
 
         return counted
 
