@@ -3,7 +3,7 @@
 -- queue, and keep their index plans after thousands of calls (plpgsql may
 -- switch to generic plans after five).
 BEGIN;
-SELECT plan(31);
+SELECT plan(34);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 INSERT INTO dq_messages (queue, key, payload, scheduled_at, due_at, created_at)
@@ -142,7 +142,8 @@ FROM (
     ('dq__same_offer', 'dq__same_offer(a.j, a.n, a.t, a.p, a.j, a.n, a.t, a.p)'),
     ('dq__valid_queue', 'dq__valid_queue(a.t)'),
     ('dq__valid_key', 'dq__valid_key(a.t)'),
-    ('dq__is_leased', 'dq__is_leased(a.u, a.n, a.n)')
+    ('dq__is_leased', 'dq__is_leased(a.u, a.n, a.n)'),
+    ('dq__in_poll_indexes', 'dq__in_poll_indexes(a.t, a.p)')
 ) AS h (helper, expr);
 
 -- snapshot reads and browsing at depth: each reads no more than the same
@@ -219,6 +220,15 @@ SELECT is(
 SELECT cmp_ok(
     pg_temp.blocks($$SELECT * FROM dq_dead_stats('t_small')$$), '<=', 12,
     'dq_dead_stats of one queue likewise'
+);
+SELECT pg_temp.blocks($$SELECT * FROM dq_read_bounds('messages', 't_warm')$$) AS warm_up;
+SELECT cmp_ok(
+    pg_temp.blocks($$SELECT * FROM dq_read_bounds('messages', 't_small')$$), '<=', 20,
+    'dq_read_bounds of a 1-message queue likewise (keyless messages are in no index of every message)'
+);
+SELECT cmp_ok(
+    pg_temp.blocks($$SELECT dq_purge('t_small')$$), '<=', 30,
+    'dq_purge of a 1-message queue likewise'
 );
 
 SELECT * FROM finish();

@@ -2,7 +2,7 @@
 -- A keyless message is never deduplicated, has key NULL in every result, no
 -- entry in the key index, and lives, fails and comes back like any other.
 BEGIN;
-SELECT plan(53);
+SELECT plan(59);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 -- sending
@@ -189,6 +189,37 @@ SELECT throws_ok(
     'pgdq: headers[2] must be a JSON object or NULL, got a JSON string', 'a header element not an object'
 );
 SELECT throws_ok($$SELECT dq_get_id('t_bad', NULL)$$, '22004', 'pgdq: id must not be NULL', 'dq_get_id: id NULL');
+-- arrays whose lower bound is not 1: elements are checked, and named, by position
+SELECT throws_ok(
+    $$SELECT dq_send_many('t_bad', '[0:1]={"{}","{}"}'::jsonb[], '[5:6]={infinity,infinity}'::timestamptz[])$$,
+    '22023', 'pgdq: scheduled_ats[1] must be a time in years 1 to 9999 UTC, got infinity',
+    'a bad time in an array from subscript 5'
+);
+SELECT throws_ok(
+    $$SELECT dq_send_many('t_bad', '[0:1]={"{}","{}"}'::jsonb[], NULL, NULL, NULL, '[0:1]={"{}",3}'::jsonb[])$$,
+    '22023', 'pgdq: headers[2] must be a JSON object or NULL, got a JSON number',
+    'a bad header in an array from subscript 0'
+);
+SELECT throws_ok(
+    $$SELECT dq_send_many('t_bad', '[0:1]={"{}","{}"}'::jsonb[], NULL, '[0:1]={"",x}'::text[])$$,
+    '22023', NULL, 'an empty channel in an array from subscript 0'
+);
+SELECT throws_ok(
+    $$SELECT dq_offer_many('t_bad', '[0:1]={"",x}'::text[], '[0:1]={"{}","{}"}'::jsonb[])$$,
+    '22023', NULL, 'dq_offer_many: an empty key in an array from subscript 0'
+);
+SELECT lives_ok(
+    $$SELECT dq_send_many('t_ok', '[0:1]={"{}","{}"}'::jsonb[], '[7:8]={NULL,NULL}'::timestamptz[], '[3:4]={a,NULL}'::text[])$$,
+    'good arrays from any subscript are taken'
+);
+SELECT is(
+    (
+        SELECT count(*)::int FROM dq_messages
+        WHERE queue = 't_bad'
+    ),
+    0,
+    'still nothing written by bad input'
+);
 SELECT is((
     SELECT count(*)::int FROM dq_messages
     WHERE queue = 't_bad'

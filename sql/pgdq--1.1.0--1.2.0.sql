@@ -54,16 +54,15 @@ DO $$
 BEGIN
     IF NOT EXISTS (
         SELECT FROM pg_catalog.pg_index AS i
-        INNER JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid
-        WHERE c.relname = 'dq_messages_queue_key_1_2'
-            AND c.relnamespace = '@extschema@'::pg_catalog.regnamespace
-            AND i.indrelid = '@extschema@.dq_messages'::pg_catalog.regclass
-            AND i.indisvalid AND i.indisunique AND i.indnatts = 2
-            AND pg_catalog.pg_get_indexdef(i.indexrelid, 1, TRUE) = 'queue'
-            AND pg_catalog.pg_get_indexdef(i.indexrelid, 2, TRUE) = 'key'
-            AND pg_catalog.pg_get_expr(i.indpred, i.indrelid) = '(key IS NOT NULL)'
-            AND i.indcollation[0] = 'pg_catalog."C"'::pg_catalog.regcollation
-            AND i.indcollation[1] = 'pg_catalog."C"'::pg_catalog.regcollation
+        WHERE i.indexrelid = pg_catalog.to_regclass('@extschema@.dq_messages_queue_key_1_2')
+            AND i.indisvalid AND i.indisready AND i.indislive
+            -- exactly that index: columns, order, operator classes,
+            -- collations, predicate and storage options, as PostgreSQL
+            -- prints its definition
+            AND pg_catalog.pg_get_indexdef(i.indexrelid) = pg_catalog.format(
+                'CREATE UNIQUE INDEX dq_messages_queue_key_1_2 ON %s.dq_messages USING btree (queue, key) WHERE (key IS NOT NULL)',
+                '@extschema@'::pg_catalog.regnamespace
+            )
     ) THEN
         DROP INDEX IF EXISTS @extschema@.dq_messages_queue_key_1_2;
         CREATE UNIQUE INDEX dq_messages_queue_key_1_2 ON @extschema@.dq_messages (queue, key)
@@ -81,7 +80,8 @@ WHERE key IS NOT NULL;
 ALTER TABLE @extschema@.dq_dead_letters
     DROP CONSTRAINT dq_dead_letters_pkey,
     ALTER COLUMN key DROP NOT NULL,
-    ADD COLUMN headers jsonb;
+    ADD COLUMN headers jsonb,
+    REPLICA IDENTITY FULL;  -- published, it needs one (10_storage.sql)
 
 -- Result columns added (1.2): dq_peek and dq_dead_list end with the
 -- message's id, the handle of a keyless message.
@@ -281,6 +281,18 @@ CREATE OR REPLACE FUNCTION dq__is_leased(
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT lock_token IS NOT NULL AND due_at OPERATOR(pg_catalog.>) now_at $$;
 
+-- True for every message: the predicates of the two poll indexes
+-- (10_storage.sql), which between them hold every message, OR'd. A query
+-- of one queue's messages that adds it reads the queue's ranges of both
+-- indexes (a BitmapOr) instead of the whole table: no index holds every
+-- message since keyless ones left the key index (1.2). Inlines.
+CREATE OR REPLACE FUNCTION dq__in_poll_indexes(channel text, priority integer) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT (channel OPERATOR(pg_catalog.=) '' AND priority OPERATOR(pg_catalog.=) 0)
+        OR channel OPERATOR(pg_catalog.<>) '' OR priority OPERATOR(pg_catalog.<>) 0
+$$;
+
 -- Raise 22004 naming the argument when the array is NULL (is_null) or has a
 -- NULL element (first_null, its position: pg_catalog.array_position(arr, NULL)).
 CREATE OR REPLACE FUNCTION dq__check_elements(first_null integer, is_null boolean, arg_name text) RETURNS void
@@ -356,17 +368,19 @@ CREATE OR REPLACE FUNCTION dq__check_time_elements(ats timestamptz[], arg_name t
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_bad bigint;
+    v_bad record;
 BEGIN
     -- the usual batch has none: two scans in C before any unnest
     IF @extschema@.dq__time_min() OPERATOR(pg_catalog.>) ANY(ats)
         OR @extschema@.dq__time_end() OPERATOR(pg_catalog.<=) ANY(ats) THEN
-        SELECT a.ord INTO v_bad
+        -- the element itself, named by its position (whatever the array's
+        -- lower bound: a subscript would read another element)
+        SELECT a.at, a.ord INTO v_bad
         FROM pg_catalog.unnest(ats) WITH ORDINALITY AS a (at, ord)
         WHERE NOT @extschema@.dq__valid_time(a.at)
         ORDER BY a.ord
         LIMIT 1;
-        PERFORM @extschema@.dq__check_time(ats[v_bad], pg_catalog.format('%s[%s]', arg_name, v_bad));
+        PERFORM @extschema@.dq__check_time(v_bad.at, pg_catalog.format('%s[%s]', arg_name, v_bad.ord));
     END IF;
 END
 $$;
@@ -734,7 +748,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_bad bigint;
+    v_bad record;
 BEGIN
     PERFORM @extschema@.dq__null_check(keys IS NULL, 'keys');
     PERFORM @extschema@.dq__null_check(payloads IS NULL, 'payloads');
@@ -769,34 +783,35 @@ BEGIN
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(keys, NULL), keys IS NULL, 'keys');
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(payloads, NULL), payloads IS NULL, 'payloads');
     PERFORM @extschema@.dq__check_time_elements(scheduled_ats, 'scheduled_ats');
-    SELECT k.ord INTO v_bad
+    -- elements named by position, whatever the arrays' lower bounds
+    SELECT k.k, k.ord INTO v_bad
     FROM unnest(keys) WITH ORDINALITY AS k (k, ord)
     WHERE NOT @extschema@.dq__valid_key(k.k)
     ORDER BY k.ord
     LIMIT 1;
-    IF v_bad IS NOT NULL THEN
-        PERFORM @extschema@.dq__check_key(keys[v_bad], format('keys[%s]', v_bad));
+    IF v_bad.ord IS NOT NULL THEN
+        PERFORM @extschema@.dq__check_key(v_bad.k, format('keys[%s]', v_bad.ord));
     END IF;
     PERFORM @extschema@.dq__check_channel_elements(channels);
 END
 $$;
 
 -- Raise 22023 naming the first element of channels that is not a channel
--- name (NULL elements pass: none).
+-- name, by its position (NULL elements pass: none).
 CREATE OR REPLACE FUNCTION dq__check_channel_elements(channels text[]) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_bad bigint;
+    v_bad record;
 BEGIN
-    SELECT c.ord INTO v_bad
+    SELECT c.c, c.ord INTO v_bad
     FROM unnest(channels) WITH ORDINALITY AS c (c, ord)
     WHERE NOT @extschema@.dq__valid_channel(c.c)
     ORDER BY c.ord
     LIMIT 1;
-    IF v_bad IS NOT NULL THEN
-        PERFORM @extschema@.dq__check_channel(channels[v_bad], format('channels[%s]', v_bad));
+    IF v_bad.ord IS NOT NULL THEN
+        PERFORM @extschema@.dq__check_channel(v_bad.c, format('channels[%s]', v_bad.ord));
     END IF;
 END
 $$;
@@ -1096,7 +1111,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_bad bigint;
+    v_bad record;  -- the first bad element and its position (whatever the lower bound)
 BEGIN
     PERFORM @extschema@.dq__null_check(payloads IS NULL, 'payloads');
     IF coalesce(array_ndims(payloads), 1) > 1
@@ -1124,13 +1139,13 @@ BEGIN
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(payloads, NULL), FALSE, 'payloads');
     PERFORM @extschema@.dq__check_time_elements(scheduled_ats, 'scheduled_ats');
     PERFORM @extschema@.dq__check_channel_elements(channels);
-    SELECT h.ord INTO v_bad
+    SELECT h.h, h.ord INTO v_bad
     FROM unnest(headers) WITH ORDINALITY AS h (h, ord)
     WHERE NOT @extschema@.dq__valid_headers(h.h)
     ORDER BY h.ord
     LIMIT 1;
-    IF v_bad IS NOT NULL THEN
-        PERFORM @extschema@.dq__check_headers(headers[v_bad], format('headers[%s]', v_bad));
+    IF v_bad.ord IS NOT NULL THEN
+        PERFORM @extschema@.dq__check_headers(v_bad.h, format('headers[%s]', v_bad.ord));
     END IF;
 END
 $$;
@@ -2612,7 +2627,7 @@ BEGIN
         PERFORM @extschema@.dq__check_key(v_key, 'key');
     END IF;
     PERFORM @extschema@.dq__check_time(dq_dead_redrive.scheduled_at, 'scheduled_at');
-    v_count := @extschema@.dq__redrive_keyed(v_queue, v_key, v_at, v_now);
+    v_count := @extschema@.dq__redrive_keyed(v_queue, v_key, NULL::bigint, v_at, v_now);
     -- keyless dead letters come back as new keyless messages (1.2)
     IF v_key IS NULL THEN
         v_count := v_count + cardinality(@extschema@.dq__redrive_keyless(v_queue, NULL::bigint[], v_at, v_now));
@@ -2621,14 +2636,15 @@ BEGIN
 END
 $$;
 
--- Move queue's keyed dead letters (only key's when given) back into the
--- queue due at at, but those whose key has a live message; the number moved.
+-- Move queue's keyed dead letters (only key's, and only the one of id, when
+-- given) back into the queue due at at, but those whose key has a live
+-- message; the number moved.
 -- Every statement goes by index probes, arrays and row addresses, whatever
 -- the table statistics say (pgtap/99_stale_statistics.sql): with them stale,
 -- the check for live keys was planned as a scan of the queue's messages for
 -- each dead letter (1.1; minutes for 50,000). enable_seqscan = off keeps a
 -- table that looks empty from being scanned instead of probed.
-CREATE OR REPLACE FUNCTION dq__redrive_keyed(queue text, key text, at timestamptz, now_at timestamptz) RETURNS integer
+CREATE OR REPLACE FUNCTION dq__redrive_keyed(queue text, key text, id bigint, at timestamptz, now_at timestamptz) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
@@ -2662,6 +2678,7 @@ BEGIN
         FROM @extschema@.dq_dead_letters AS d
         WHERE d.queue = dq__redrive_keyed.queue AND d.key IS NOT NULL
             AND (dq__redrive_keyed.key IS NULL OR d.key = dq__redrive_keyed.key)
+            AND (dq__redrive_keyed.id IS NULL OR d.id = dq__redrive_keyed.id)
             -- a probe of the key index per dead letter (not NOT EXISTS, which
             -- a join may turn into a scan of the queue per dead letter)
             AND (
@@ -2684,6 +2701,9 @@ BEGIN
     v_dead_rows := ARRAY(
         SELECT d.ctid FROM @extschema@.dq_dead_letters AS d
         WHERE d.queue = dq__redrive_keyed.queue AND d.key = ANY(v_offered)
+            -- a dead letter replaced meanwhile (its key buried again) is
+            -- another one: not the one of id asked for
+            AND (dq__redrive_keyed.id IS NULL OR d.id = dq__redrive_keyed.id)
         ORDER BY d.key
         FOR UPDATE
     );
@@ -2805,7 +2825,8 @@ $$;
 -- Offer queue's dead letter id again (keyed or keyless), due at
 -- scheduled_at (NULL: now), as dq_dead_redrive does: the id of the message
 -- it became; NULL when queue has no such dead letter, or when its key has a
--- live message again (the dead letter stays).
+-- live message again (the dead letter stays), or when its key was buried
+-- again meanwhile (the newer dead letter is another one, and stays).
 CREATE OR REPLACE FUNCTION dq_dead_redrive_id(
     queue text,
     id bigint,
@@ -2831,14 +2852,17 @@ BEGIN
     IF NOT FOUND THEN
         -- a redrive of nothing, so that a caller who may not redrive is
         -- refused whether the dead letter exists or not
-        PERFORM @extschema@.dq__redrive_keyed(dq_dead_redrive_id.queue, '', v_now, v_now);
+        PERFORM @extschema@.dq__redrive_keyed(dq_dead_redrive_id.queue, '', NULL::bigint, v_now, v_now);
         RETURN NULL;
     ELSIF v_key IS NULL THEN
         RETURN (@extschema@.dq__redrive_keyless(
             dq_dead_redrive_id.queue, ARRAY[dq_dead_redrive_id.id],
             coalesce(dq_dead_redrive_id.scheduled_at, v_now), v_now
         ))[1];
-    ELSIF @extschema@.dq_dead_redrive(dq_dead_redrive_id.queue, v_key, dq_dead_redrive_id.scheduled_at) = 0 THEN
+    ELSIF @extschema@.dq__redrive_keyed(
+        dq_dead_redrive_id.queue, v_key, dq_dead_redrive_id.id,
+        coalesce(dq_dead_redrive_id.scheduled_at, v_now), v_now
+    ) = 0 THEN
         RETURN NULL;
     END IF;
     RETURN (
@@ -3130,7 +3154,7 @@ BEGIN
     -- (keyless messages last, by id).
     v_rows := ARRAY(
         SELECT m.ctid FROM @extschema@.dq_messages AS m
-        WHERE m.queue = dq_purge.queue
+        WHERE m.queue = dq_purge.queue AND @extschema@.dq__in_poll_indexes(m.channel, m.priority)
         ORDER BY m.key, m.id
         FOR UPDATE OF m
     );
@@ -3543,7 +3567,7 @@ BEGIN
         RETURN QUERY SELECT min(m.id), max(m.id) FROM @extschema@.dq_messages AS m;
     ELSIF dq_read_bounds.source = 'messages' THEN
         RETURN QUERY SELECT min(m.id), max(m.id) FROM @extschema@.dq_messages AS m
-        WHERE m.queue = dq_read_bounds.queue;
+        WHERE m.queue = dq_read_bounds.queue AND @extschema@.dq__in_poll_indexes(m.channel, m.priority);
     ELSIF dq_read_bounds.queue IS NULL THEN
         RETURN QUERY SELECT min(d.id), max(d.id) FROM @extschema@.dq_dead_letters AS d;
     ELSE

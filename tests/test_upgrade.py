@@ -528,25 +528,54 @@ def test_consumers_polling_through_the_upgrade_wait_for_it_without_failing(scrat
         assert calls > 2, "the pollers ran"
 
 
-PREBUILT = "CREATE UNIQUE INDEX CONCURRENTLY dq_messages_queue_key_1_2 ON {}.dq_messages (queue, key) {}"
+PREBUILT = "CREATE UNIQUE INDEX CONCURRENTLY dq_messages_queue_key_1_2 ON {}.dq_messages {}"
 
 
 @pytest.mark.parametrize(
-    ("where", "taken"),
-    [("WHERE key IS NOT NULL", True), ("WHERE key IS NOT NULL AND queue <> 'x'", False), ("", False)],
-    ids=["as documented", "another predicate", "not partial"],
+    ("definition", "taken"),
+    [
+        ("(queue, key) WHERE key IS NOT NULL", True),
+        ("(queue, key) WHERE key IS NOT NULL AND queue <> 'x'", False),
+        ("(queue, key)", False),
+        ("(queue DESC, key text_pattern_ops) WHERE key IS NOT NULL", False),
+        ("(queue, key) WITH (fillfactor = 50) WHERE key IS NOT NULL", False),
+    ],
+    ids=["as documented", "another predicate", "not partial", "another order and class", "storage options"],
 )
-def test_the_key_index_built_beforehand_is_taken_when_it_is_that_index(scratch: str, where: str, taken: bool) -> None:
+def test_the_key_index_built_beforehand_is_taken_when_it_is_that_index(
+    scratch: str, definition: str, taken: bool
+) -> None:
     """docs/upgrading.md: on a large table, build 1.2's key index concurrently
     first; the step then takes it instead of building it under its locks. An
     index of that name that is another index is rebuilt, so the result always
     equals a fresh install."""
     with psycopg.connect(scratch, autocommit=True) as conn:
         install_released(conn, "plain", "queue_upgraded", "1.1.0")
-        conn.execute(PREBUILT.format("queue_upgraded", where))
+        conn.execute(PREBUILT.format("queue_upgraded", definition))
         before = conn.execute("SELECT 'queue_upgraded.dq_messages_queue_key_1_2'::regclass::oid").fetchone()
         upgrade_to_current(conn, "plain", "queue_upgraded", "1.1.0")
         after = conn.execute("SELECT 'queue_upgraded.dq_messages_queue_key'::regclass::oid").fetchone()
         assert (after == before) is taken
         install(conn, "queue_freshly")
         assert_same_catalog(catalog(conn, "queue_upgraded"), catalog(conn, "queue_freshly"))
+
+
+@pytest.mark.parametrize("kind", ["extension", "plain"])
+def test_a_published_database_upgrades_and_buries(scratch: str, kind: str) -> None:
+    """A publication of every table (logical replication, change data capture)
+    refuses updates and deletes of a table without a replica identity: 1.2's
+    dead letters have no primary key, so they need REPLICA IDENTITY FULL, or
+    the step (its clamping UPDATE) and every bury, purge and redrive failed."""
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        install_released(conn, kind, version="1.1.0")
+        conn.execute("CREATE PUBLICATION pgdq_everything FOR ALL TABLES")
+        try:
+            conn.execute("SELECT dq_offer('pub', 'a', '1'), dq_offer('pub', 'b', '1')")
+            conn.execute("SELECT dq_dead_letter(lock_token) FROM dq_poll_many('pub', 1)")
+            upgrade_to_current(conn, kind, version="1.1.0")
+            conn.execute("SELECT dq_send('pub', '2')")
+            assert conn.execute("SELECT count(dq_dead_letter(lock_token)) FROM dq_poll_many('pub', 5)").fetchone() == (2,)
+            assert conn.execute("SELECT dq_dead_redrive('pub', 'a')").fetchone() == (1,)
+            assert conn.execute("SELECT dq_dead_purge('pub')").fetchone() == (2,)
+        finally:
+            conn.execute("DROP PUBLICATION pgdq_everything")

@@ -51,16 +51,15 @@ DO $$
 BEGIN
     IF NOT EXISTS (
         SELECT FROM pg_catalog.pg_index AS i
-        INNER JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid
-        WHERE c.relname = 'dq_messages_queue_key_1_2'
-            AND c.relnamespace = '@extschema@'::pg_catalog.regnamespace
-            AND i.indrelid = '@extschema@.dq_messages'::pg_catalog.regclass
-            AND i.indisvalid AND i.indisunique AND i.indnatts = 2
-            AND pg_catalog.pg_get_indexdef(i.indexrelid, 1, TRUE) = 'queue'
-            AND pg_catalog.pg_get_indexdef(i.indexrelid, 2, TRUE) = 'key'
-            AND pg_catalog.pg_get_expr(i.indpred, i.indrelid) = '(key IS NOT NULL)'
-            AND i.indcollation[0] = 'pg_catalog."C"'::pg_catalog.regcollation
-            AND i.indcollation[1] = 'pg_catalog."C"'::pg_catalog.regcollation
+        WHERE i.indexrelid = pg_catalog.to_regclass('@extschema@.dq_messages_queue_key_1_2')
+            AND i.indisvalid AND i.indisready AND i.indislive
+            -- exactly that index: columns, order, operator classes,
+            -- collations, predicate and storage options, as PostgreSQL
+            -- prints its definition
+            AND pg_catalog.pg_get_indexdef(i.indexrelid) = pg_catalog.format(
+                'CREATE UNIQUE INDEX dq_messages_queue_key_1_2 ON %s.dq_messages USING btree (queue, key) WHERE (key IS NOT NULL)',
+                '@extschema@'::pg_catalog.regnamespace
+            )
     ) THEN
         DROP INDEX IF EXISTS @extschema@.dq_messages_queue_key_1_2;
         CREATE UNIQUE INDEX dq_messages_queue_key_1_2 ON @extschema@.dq_messages (queue, key)
@@ -78,7 +77,8 @@ WHERE key IS NOT NULL;
 ALTER TABLE @extschema@.dq_dead_letters
     DROP CONSTRAINT dq_dead_letters_pkey,
     ALTER COLUMN key DROP NOT NULL,
-    ADD COLUMN headers jsonb;
+    ADD COLUMN headers jsonb,
+    REPLICA IDENTITY FULL;  -- published, it needs one (10_storage.sql)
 
 -- Result columns added (1.2): dq_peek and dq_dead_list end with the
 -- message's id, the handle of a keyless message.

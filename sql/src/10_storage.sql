@@ -193,6 +193,11 @@ CREATE TABLE dq_dead_letters (
 CREATE UNIQUE INDEX dq_dead_letters_queue_key ON dq_dead_letters (queue, key)
 WHERE key IS NOT NULL;
 
+-- Without a primary key, logical replication identifies a dead letter by
+-- all its columns: a publication of the table (FOR ALL TABLES, say) refuses
+-- updates and deletes of a table with no replica identity.
+ALTER TABLE dq_dead_letters REPLICA IDENTITY FULL;
+
 -- Listing a queue's dead letters, oldest failure first.
 CREATE INDEX dq_dead_letters_failed ON dq_dead_letters (queue, failed_at, key);
 

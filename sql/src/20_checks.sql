@@ -177,6 +177,18 @@ CREATE FUNCTION dq__is_leased(
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT lock_token IS NOT NULL AND due_at OPERATOR(pg_catalog.>) now_at $$;
 
+-- True for every message: the predicates of the two poll indexes
+-- (10_storage.sql), which between them hold every message, OR'd. A query
+-- of one queue's messages that adds it reads the queue's ranges of both
+-- indexes (a BitmapOr) instead of the whole table: no index holds every
+-- message since keyless ones left the key index (1.2). Inlines.
+CREATE FUNCTION dq__in_poll_indexes(channel text, priority integer) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT (channel OPERATOR(pg_catalog.=) '' AND priority OPERATOR(pg_catalog.=) 0)
+        OR channel OPERATOR(pg_catalog.<>) '' OR priority OPERATOR(pg_catalog.<>) 0
+$$;
+
 -- Raise 22004 naming the argument when the array is NULL (is_null) or has a
 -- NULL element (first_null, its position: pg_catalog.array_position(arr, NULL)).
 CREATE FUNCTION dq__check_elements(first_null integer, is_null boolean, arg_name text) RETURNS void
@@ -252,17 +264,19 @@ CREATE FUNCTION dq__check_time_elements(ats timestamptz[], arg_name text) RETURN
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
-    v_bad bigint;
+    v_bad record;
 BEGIN
     -- the usual batch has none: two scans in C before any unnest
     IF @extschema@.dq__time_min() OPERATOR(pg_catalog.>) ANY(ats)
         OR @extschema@.dq__time_end() OPERATOR(pg_catalog.<=) ANY(ats) THEN
-        SELECT a.ord INTO v_bad
+        -- the element itself, named by its position (whatever the array's
+        -- lower bound: a subscript would read another element)
+        SELECT a.at, a.ord INTO v_bad
         FROM pg_catalog.unnest(ats) WITH ORDINALITY AS a (at, ord)
         WHERE NOT @extschema@.dq__valid_time(a.at)
         ORDER BY a.ord
         LIMIT 1;
-        PERFORM @extschema@.dq__check_time(ats[v_bad], pg_catalog.format('%s[%s]', arg_name, v_bad));
+        PERFORM @extschema@.dq__check_time(v_bad.at, pg_catalog.format('%s[%s]', arg_name, v_bad.ord));
     END IF;
 END
 $$;

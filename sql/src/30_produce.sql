@@ -265,7 +265,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_bad bigint;
+    v_bad record;
 BEGIN
     PERFORM @extschema@.dq__null_check(keys IS NULL, 'keys');
     PERFORM @extschema@.dq__null_check(payloads IS NULL, 'payloads');
@@ -300,34 +300,35 @@ BEGIN
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(keys, NULL), keys IS NULL, 'keys');
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(payloads, NULL), payloads IS NULL, 'payloads');
     PERFORM @extschema@.dq__check_time_elements(scheduled_ats, 'scheduled_ats');
-    SELECT k.ord INTO v_bad
+    -- elements named by position, whatever the arrays' lower bounds
+    SELECT k.k, k.ord INTO v_bad
     FROM unnest(keys) WITH ORDINALITY AS k (k, ord)
     WHERE NOT @extschema@.dq__valid_key(k.k)
     ORDER BY k.ord
     LIMIT 1;
-    IF v_bad IS NOT NULL THEN
-        PERFORM @extschema@.dq__check_key(keys[v_bad], format('keys[%s]', v_bad));
+    IF v_bad.ord IS NOT NULL THEN
+        PERFORM @extschema@.dq__check_key(v_bad.k, format('keys[%s]', v_bad.ord));
     END IF;
     PERFORM @extschema@.dq__check_channel_elements(channels);
 END
 $$;
 
 -- Raise 22023 naming the first element of channels that is not a channel
--- name (NULL elements pass: none).
+-- name, by its position (NULL elements pass: none).
 CREATE FUNCTION dq__check_channel_elements(channels text[]) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_bad bigint;
+    v_bad record;
 BEGIN
-    SELECT c.ord INTO v_bad
+    SELECT c.c, c.ord INTO v_bad
     FROM unnest(channels) WITH ORDINALITY AS c (c, ord)
     WHERE NOT @extschema@.dq__valid_channel(c.c)
     ORDER BY c.ord
     LIMIT 1;
-    IF v_bad IS NOT NULL THEN
-        PERFORM @extschema@.dq__check_channel(channels[v_bad], format('channels[%s]', v_bad));
+    IF v_bad.ord IS NOT NULL THEN
+        PERFORM @extschema@.dq__check_channel(v_bad.c, format('channels[%s]', v_bad.ord));
     END IF;
 END
 $$;

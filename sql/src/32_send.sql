@@ -33,7 +33,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    v_bad bigint;
+    v_bad record;  -- the first bad element and its position (whatever the lower bound)
 BEGIN
     PERFORM @extschema@.dq__null_check(payloads IS NULL, 'payloads');
     IF coalesce(array_ndims(payloads), 1) > 1
@@ -61,13 +61,13 @@ BEGIN
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(payloads, NULL), FALSE, 'payloads');
     PERFORM @extschema@.dq__check_time_elements(scheduled_ats, 'scheduled_ats');
     PERFORM @extschema@.dq__check_channel_elements(channels);
-    SELECT h.ord INTO v_bad
+    SELECT h.h, h.ord INTO v_bad
     FROM unnest(headers) WITH ORDINALITY AS h (h, ord)
     WHERE NOT @extschema@.dq__valid_headers(h.h)
     ORDER BY h.ord
     LIMIT 1;
-    IF v_bad IS NOT NULL THEN
-        PERFORM @extschema@.dq__check_headers(headers[v_bad], format('headers[%s]', v_bad));
+    IF v_bad.ord IS NOT NULL THEN
+        PERFORM @extschema@.dq__check_headers(v_bad.h, format('headers[%s]', v_bad.ord));
     END IF;
 END
 $$;

@@ -209,7 +209,7 @@ BEGIN
         PERFORM @extschema@.dq__check_key(v_key, 'key');
     END IF;
     PERFORM @extschema@.dq__check_time(dq_dead_redrive.scheduled_at, 'scheduled_at');
-    v_count := @extschema@.dq__redrive_keyed(v_queue, v_key, v_at, v_now);
+    v_count := @extschema@.dq__redrive_keyed(v_queue, v_key, NULL::bigint, v_at, v_now);
     -- keyless dead letters come back as new keyless messages (1.2)
     IF v_key IS NULL THEN
         v_count := v_count + cardinality(@extschema@.dq__redrive_keyless(v_queue, NULL::bigint[], v_at, v_now));
@@ -218,14 +218,15 @@ BEGIN
 END
 $$;
 
--- Move queue's keyed dead letters (only key's when given) back into the
--- queue due at at, but those whose key has a live message; the number moved.
+-- Move queue's keyed dead letters (only key's, and only the one of id, when
+-- given) back into the queue due at at, but those whose key has a live
+-- message; the number moved.
 -- Every statement goes by index probes, arrays and row addresses, whatever
 -- the table statistics say (pgtap/99_stale_statistics.sql): with them stale,
 -- the check for live keys was planned as a scan of the queue's messages for
 -- each dead letter (1.1; minutes for 50,000). enable_seqscan = off keeps a
 -- table that looks empty from being scanned instead of probed.
-CREATE FUNCTION dq__redrive_keyed(queue text, key text, at timestamptz, now_at timestamptz) RETURNS integer
+CREATE FUNCTION dq__redrive_keyed(queue text, key text, id bigint, at timestamptz, now_at timestamptz) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
@@ -259,6 +260,7 @@ BEGIN
         FROM @extschema@.dq_dead_letters AS d
         WHERE d.queue = dq__redrive_keyed.queue AND d.key IS NOT NULL
             AND (dq__redrive_keyed.key IS NULL OR d.key = dq__redrive_keyed.key)
+            AND (dq__redrive_keyed.id IS NULL OR d.id = dq__redrive_keyed.id)
             -- a probe of the key index per dead letter (not NOT EXISTS, which
             -- a join may turn into a scan of the queue per dead letter)
             AND (
@@ -281,6 +283,9 @@ BEGIN
     v_dead_rows := ARRAY(
         SELECT d.ctid FROM @extschema@.dq_dead_letters AS d
         WHERE d.queue = dq__redrive_keyed.queue AND d.key = ANY(v_offered)
+            -- a dead letter replaced meanwhile (its key buried again) is
+            -- another one: not the one of id asked for
+            AND (dq__redrive_keyed.id IS NULL OR d.id = dq__redrive_keyed.id)
         ORDER BY d.key
         FOR UPDATE
     );
@@ -402,7 +407,8 @@ $$;
 -- Offer queue's dead letter id again (keyed or keyless), due at
 -- scheduled_at (NULL: now), as dq_dead_redrive does: the id of the message
 -- it became; NULL when queue has no such dead letter, or when its key has a
--- live message again (the dead letter stays).
+-- live message again (the dead letter stays), or when its key was buried
+-- again meanwhile (the newer dead letter is another one, and stays).
 CREATE FUNCTION dq_dead_redrive_id(
     queue text,
     id bigint,
@@ -428,14 +434,17 @@ BEGIN
     IF NOT FOUND THEN
         -- a redrive of nothing, so that a caller who may not redrive is
         -- refused whether the dead letter exists or not
-        PERFORM @extschema@.dq__redrive_keyed(dq_dead_redrive_id.queue, '', v_now, v_now);
+        PERFORM @extschema@.dq__redrive_keyed(dq_dead_redrive_id.queue, '', NULL::bigint, v_now, v_now);
         RETURN NULL;
     ELSIF v_key IS NULL THEN
         RETURN (@extschema@.dq__redrive_keyless(
             dq_dead_redrive_id.queue, ARRAY[dq_dead_redrive_id.id],
             coalesce(dq_dead_redrive_id.scheduled_at, v_now), v_now
         ))[1];
-    ELSIF @extschema@.dq_dead_redrive(dq_dead_redrive_id.queue, v_key, dq_dead_redrive_id.scheduled_at) = 0 THEN
+    ELSIF @extschema@.dq__redrive_keyed(
+        dq_dead_redrive_id.queue, v_key, dq_dead_redrive_id.id,
+        coalesce(dq_dead_redrive_id.scheduled_at, v_now), v_now
+    ) = 0 THEN
         RETURN NULL;
     END IF;
     RETURN (

@@ -223,7 +223,7 @@ BEGIN
     -- (keyless messages last, by id).
     v_rows := ARRAY(
         SELECT m.ctid FROM @extschema@.dq_messages AS m
-        WHERE m.queue = dq_purge.queue
+        WHERE m.queue = dq_purge.queue AND @extschema@.dq__in_poll_indexes(m.channel, m.priority)
         ORDER BY m.key, m.id
         FOR UPDATE OF m
     );

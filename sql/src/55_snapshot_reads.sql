@@ -94,7 +94,7 @@ BEGIN
         RETURN QUERY SELECT min(m.id), max(m.id) FROM @extschema@.dq_messages AS m;
     ELSIF dq_read_bounds.source = 'messages' THEN
         RETURN QUERY SELECT min(m.id), max(m.id) FROM @extschema@.dq_messages AS m
-        WHERE m.queue = dq_read_bounds.queue;
+        WHERE m.queue = dq_read_bounds.queue AND @extschema@.dq__in_poll_indexes(m.channel, m.priority);
     ELSIF dq_read_bounds.queue IS NULL THEN
         RETURN QUERY SELECT min(d.id), max(d.id) FROM @extschema@.dq_dead_letters AS d;
     ELSE
