@@ -574,7 +574,8 @@ def test_a_published_database_upgrades_and_buries(scratch: str, kind: str) -> No
             conn.execute("SELECT dq_dead_letter(lock_token) FROM dq_poll_many('pub', 1)")
             upgrade_to_current(conn, kind, version="1.1.0")
             conn.execute("SELECT dq_send('pub', '2')")
-            assert conn.execute("SELECT count(dq_dead_letter(lock_token)) FROM dq_poll_many('pub', 5)").fetchone() == (2,)
+            buried = conn.execute("SELECT count(dq_dead_letter(lock_token)) FROM dq_poll_many('pub', 5)")
+            assert buried.fetchone() == (2,)
             assert conn.execute("SELECT dq_dead_redrive('pub', 'a')").fetchone() == (1,)
             assert conn.execute("SELECT dq_dead_purge('pub')").fetchone() == (2,)
         finally:
