@@ -547,6 +547,7 @@ CREATE OR REPLACE FUNCTION dq_offer(
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -835,6 +836,7 @@ CREATE OR REPLACE FUNCTION dq__offer_new(
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 BEGIN
     INSERT INTO @extschema@.dq_messages (
@@ -1162,6 +1164,7 @@ CREATE OR REPLACE FUNCTION dq_send(
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1211,6 +1214,7 @@ CREATE OR REPLACE FUNCTION dq_send_many(
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1258,6 +1262,7 @@ CREATE OR REPLACE FUNCTION dq_poll_many(
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1365,6 +1370,7 @@ CREATE OR REPLACE FUNCTION dq_ack(lock_token uuid, queue text DEFAULT NULL) RETU
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1431,6 +1437,7 @@ CREATE OR REPLACE FUNCTION dq_ack_many(lock_tokens uuid[], queue text DEFAULT NU
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
@@ -1511,6 +1518,7 @@ CREATE OR REPLACE FUNCTION dq_nack(
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1565,6 +1573,7 @@ CREATE OR REPLACE FUNCTION dq_extend(
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1728,6 +1737,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -1818,6 +1828,7 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -1858,6 +1869,7 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1891,6 +1903,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1936,6 +1949,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -2078,6 +2092,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -2370,6 +2385,7 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -3328,6 +3344,7 @@ CREATE OR REPLACE FUNCTION dq_next_due(queue text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE

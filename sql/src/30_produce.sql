@@ -64,6 +64,7 @@ CREATE FUNCTION dq_offer(
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -352,6 +353,7 @@ CREATE FUNCTION dq__offer_new(
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 BEGIN
     INSERT INTO @extschema@.dq_messages (

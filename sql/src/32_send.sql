@@ -84,6 +84,7 @@ CREATE FUNCTION dq_send(
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -133,6 +134,7 @@ CREATE FUNCTION dq_send_many(
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE

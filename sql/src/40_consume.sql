@@ -10,6 +10,7 @@ CREATE FUNCTION dq_poll_many(
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -117,6 +118,7 @@ CREATE FUNCTION dq_ack(lock_token uuid, queue text DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -183,6 +185,7 @@ CREATE FUNCTION dq_ack_many(lock_tokens uuid[], queue text DEFAULT NULL) RETURNS
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
@@ -263,6 +266,7 @@ CREATE FUNCTION dq_nack(
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -317,6 +321,7 @@ CREATE FUNCTION dq_extend(
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -135,6 +135,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -225,6 +226,7 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -265,6 +267,7 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -298,6 +301,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -343,6 +347,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -485,6 +490,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -777,6 +783,7 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET jit = off  -- the header
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE

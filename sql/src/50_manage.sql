@@ -397,6 +397,7 @@ CREATE FUNCTION dq_next_due(queue text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
