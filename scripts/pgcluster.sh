@@ -104,17 +104,34 @@ CONF
 
 running() { as_owner "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1; }
 
+# Move the cluster to the next port that nothing listens on.
+move_port() {
+  port=$((port + 1))
+  while port_in_use "$port"; do port=$((port + 1)); done
+  echo "$port" >"$base/port"
+  echo "port = $port" | as_owner tee -a "$data/postgresql.conf" >/dev/null
+}
+
 start() {
   "$root/scripts/pgbin.sh" "$version" >/dev/null
   init
   running && return 0
-  if port_in_use "$port"; then
-    # another checkout's cluster took our port while we were stopped: move
-    while port_in_use "$port"; do port=$((port + 1)); done
-    echo "$port" >"$base/port"
-    echo "port = $port" | as_owner tee -a "$data/postgresql.conf" >/dev/null
-  fi
-  as_owner "$bindir/pg_ctl" -D "$data" -l "$base/server.log" -w -t 60 start >/dev/null
+  # another checkout's cluster took our port while we were stopped: move
+  port_in_use "$port" && { port=$((port - 1)); move_port; }
+  # Our ports lie in the kernel's range for outgoing connections, so a
+  # client's socket can hold one that no server listens on (seen in make
+  # test: "could not bind ... Address already in use"): then try the next.
+  local tries=0 lines
+  while true; do
+    lines=$( (wc -l <"$base/server.log") 2>/dev/null || echo 0)
+    as_owner "$bindir/pg_ctl" -D "$data" -l "$base/server.log" -w -t 60 start >/dev/null && return 0
+    tries=$((tries + 1))
+    if [ "$tries" -lt 5 ] && tail -n +"$((lines + 1))" "$base/server.log" | grep -q 'could not create any TCP/IP sockets'; then
+      move_port
+    else
+      return 1
+    fi
+  done
 }
 
 case "$cmd" in
