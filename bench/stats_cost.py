@@ -4,10 +4,12 @@
   and dq_stats('big') of that queue: server time of 50 calls each (300,000
   with --quick too);
 - at STATS_MESSAGES messages (10,000,000 by default, a tenth with --quick;
-  --stats-messages sets it) over 100 queues: the overview dq_stats(),
-  dq_dead_stats(), dq_dead_stats(queue), dq_stats(queue) and
-  dq_due_hours(queue), ~10 calls each. Each queue holds half its messages
-  due now and half delayed over the next 48 hours, 1 % of them leased; one
+  --stats-messages sets it) over 100 queues: the overview dq_stats() (from
+  the counts since 1.2), dq_dead_stats(), dq_dead_stats(queue),
+  dq_stats(queue) and dq_due_hours(queue), ~10 calls each, and 3 calls of
+  the overview read from the messages (dq__scanned_stats, 1.1's way).
+  Each queue holds half its messages due now and half delayed over the
+  next 48 hours, 1 % of them leased; one
   queue has dead letters.
 
 The messages are sent through dq_send_many (keyless, 100,000 a call, two
@@ -33,6 +35,7 @@ STATS_MESSAGES: int | None = None  # --stats-messages; None: n(10,000,000)
 QUEUES = 100
 CHUNK = 100_000
 OVERVIEW_CALLS = ("dq_stats()", "dq_stats('q050')", "dq_dead_stats()", "dq_dead_stats('q000')", "dq_due_hours('q050')")
+SCANNED_OVERVIEW = "SELECT * FROM dq__scanned_stats(dq_now())"
 BYTES_PER_MESSAGE = 450  # table + indexes per message, measured with the layout of 1.2 (with margin)
 
 # the messages of g in [first, last] of queue: half due now, half spread over the next 48 hours
@@ -124,6 +127,11 @@ def w11_stats(system: System) -> dict[str, float]:
         out[f"W11 dq_messages table+indexes at {label} MB"] = row[0] / 2**20
         for call in OVERVIEW_CALLS:
             timed(conn, out, f"W11 {call} {label}/100 queues", f"SELECT * FROM {call}", 10)
+        # the same overview read from the messages, as 1.1 did (what the counts replace)
+        timed(conn, out, f"W11 dq_stats() from the messages {label}/100 queues", SCANNED_OVERVIEW, 3)
+        row = conn.execute("SELECT count(*) FROM dq_counts").fetchone()
+        assert row is not None
+        out[f"W11 dq_counts rows at {label}"] = row[0]
     drop(conninfo)
     return out
 

@@ -88,6 +88,25 @@ ALTER TABLE @extschema@.dq_dead_letters
 DROP FUNCTION dq_peek(text, text, integer);
 DROP FUNCTION dq_dead_list(text, integer);
 
+-- Counts behind the overview (1.2, sql/src/12_counts.sql): the table now,
+-- so that the functions reading it can be created; filled and kept by
+-- triggers at the end of the step, after the rows are final.
+CREATE TABLE @extschema@.dq_counts (
+    queue text COLLATE "C" NOT NULL,
+    due_bin timestamptz NOT NULL,
+    leased boolean NOT NULL,
+    n bigint NOT NULL
+) WITH (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 10000,
+    autovacuum_vacuum_cost_delay = 0
+);
+COMMENT ON TABLE @extschema@.dq_counts IS
+'pgdq message counts by queue and due time (deltas, summed on read). Kept by triggers on dq_messages; internal.';
+ALTER TABLE @extschema@.dq_counts ENABLE ROW LEVEL SECURITY;
+CREATE POLICY dq_counts_unless_isolated ON @extschema@.dq_counts
+USING ((SELECT NOT pg_catalog.row_security_active('@extschema@.dq_messages'::regclass)));
+
 -- Every function of 1.2.0, as sql/src defines it.
 -- The time dq.now pins the clock to (STRICT: never called when it is unset);
 -- 22023 unless it is a timestamp in the readable range (dq__valid_time).
@@ -131,6 +150,128 @@ CREATE OR REPLACE FUNCTION dq_version() RETURNS text
 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT '1.2.0'::text $$;
+
+-- The width of a bin (dq__due_bin).
+CREATE OR REPLACE FUNCTION dq__due_bin_width() RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT '10 minutes'::pg_catalog.interval;
+$$;
+
+-- The 10-minute bin of a due time: its start.
+CREATE OR REPLACE FUNCTION dq__due_bin(due_at timestamptz) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.date_bin(@extschema@.dq__due_bin_width(), due_at, '2000-01-01 00:00+00');
+$$;
+
+-- Sum the count rows this transaction can lock into one row per (queue, bin,
+-- leased); bins that ended more than 7 days ago become one '-infinity' bin
+-- per queue (dq_stats reads such bins as due). Never waits: rows another
+-- transaction holds (a concurrent fold) are left for later.
+CREATE OR REPLACE FUNCTION dq__fold_counts() RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH taken AS (
+        DELETE FROM @extschema@.dq_counts AS c
+        WHERE c.ctid = ANY (ARRAY(SELECT l.ctid FROM @extschema@.dq_counts AS l FOR UPDATE SKIP LOCKED))
+        RETURNING c.queue, c.due_bin, c.leased, c.n
+    ),
+    binned AS (
+        SELECT
+            t.queue,
+            t.due_bin < statement_timestamp() - interval '7 days' - @extschema@.dq__due_bin_width() AS folded,
+            t.due_bin, t.leased, t.n
+        FROM taken AS t
+    )
+    INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+    SELECT
+        b.queue,
+        CASE WHEN b.folded THEN '-infinity' ELSE b.due_bin END,
+        b.leased AND NOT b.folded,
+        sum(b.n)
+    FROM binned AS b
+    GROUP BY 1, 2, 3
+    HAVING sum(b.n) <> 0;
+$$;
+
+-- Refuse to count rows of any table but dq_messages (a role may attach a
+-- trigger function to a table of its own).
+CREATE OR REPLACE FUNCTION dq__count_check(relid oid) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF relid IS DISTINCT FROM '@extschema@.dq_messages'::regclass THEN
+        RAISE EXCEPTION 'pgdq counts only dq_messages, not %', relid::regclass
+        USING ERRCODE = '42501';
+    END IF;
+END
+$$;
+
+-- After an INSERT into or a DELETE from dq_messages: count the rows it
+-- inserted, or uncount the rows it deleted (both triggers name them
+-- changed_rows); now and then fold the counts.
+CREATE OR REPLACE FUNCTION dq__count_rows() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_RELID <> '@extschema@.dq_messages'::regclass THEN
+        PERFORM @extschema@.dq__count_check(TG_RELID);
+    END IF;
+    INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+    SELECT
+        r.queue, @extschema@.dq__due_bin(r.due_at), r.lock_token IS NOT NULL,
+        CASE TG_OP WHEN 'DELETE' THEN -count(*) ELSE count(*) END
+    FROM changed_rows AS r
+    GROUP BY 1, 2, 3;
+    IF random() < 1.0 / 4096 THEN
+        PERFORM @extschema@.dq__fold_counts();
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- After an UPDATE of dq_messages: move the rows whose bin or lease changed
+-- (a lease, nack, extend or offer that moves due_at to another bin).
+CREATE OR REPLACE FUNCTION dq__count_updated() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_RELID <> '@extschema@.dq_messages'::regclass THEN
+        PERFORM @extschema@.dq__count_check(TG_RELID);
+    END IF;
+    INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+    SELECT d.queue, d.due_bin, d.leased, sum(d.n)
+    FROM (
+        SELECT r.queue, @extschema@.dq__due_bin(r.due_at) AS due_bin, r.lock_token IS NOT NULL AS leased, 1 AS n
+        FROM new_rows AS r
+        UNION ALL
+        SELECT r.queue, @extschema@.dq__due_bin(r.due_at), r.lock_token IS NOT NULL, -1
+        FROM old_rows AS r
+    ) AS d
+    GROUP BY 1, 2, 3
+    HAVING sum(d.n) <> 0;
+    RETURN NULL;
+END
+$$;
+
+-- After a TRUNCATE of dq_messages: no messages, no counts.
+CREATE OR REPLACE FUNCTION dq__count_truncated() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_RELID <> '@extschema@.dq_messages'::regclass THEN
+        PERFORM @extschema@.dq__count_check(TG_RELID);
+    END IF;
+    DELETE FROM @extschema@.dq_counts;
+    RETURN NULL;
+END
+$$;
 
 -- Raise 22004 naming the argument when is_null. (Callers pass `x IS NULL`:
 -- a polymorphic helper could be outbid by an exact-type overload that a role
@@ -3224,6 +3365,149 @@ AS $$
     CROSS JOIN @extschema@.dq_now() AS n (now_at);
 $$;
 
+-- What dq_counts cannot say about one queue at now_at: its messages due
+-- after now_at and before until_at (the end of the current bin; delayed and
+-- leased), its oldest ready due time and its next delayed one. Probes of
+-- the plain poll index; a queue with groups reads its grouped messages
+-- too (their index is not in due order across channels).
+CREATE OR REPLACE FUNCTION dq__queue_head(queue text, now_at timestamptz, until_at timestamptz) RETURNS TABLE (
+    soon_delayed bigint,
+    soon_leased bigint,
+    oldest_ready_at timestamptz,
+    next_due_at timestamptz
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+    WITH plain_soon AS (
+        SELECT
+            count(*) FILTER (WHERE p.lock_token IS NULL) AS delayed,
+            count(*) FILTER (WHERE p.lock_token IS NOT NULL) AS leased
+        FROM @extschema@.dq_messages AS p
+        WHERE p.queue = dq__queue_head.queue AND p.channel = '' AND p.priority = 0
+            AND p.due_at > now_at AND p.due_at < until_at
+    ),
+    grouped AS (
+        SELECT
+            count(*) FILTER (WHERE g.due_at > now_at AND g.due_at < until_at AND g.lock_token IS NULL) AS delayed,
+            count(*) FILTER (WHERE g.due_at > now_at AND g.due_at < until_at AND g.lock_token IS NOT NULL) AS leased,
+            min(g.due_at) FILTER (WHERE g.due_at <= now_at) AS oldest_ready_at,
+            min(g.due_at) FILTER (WHERE g.due_at > now_at AND g.lock_token IS NULL) AS next_due_at
+        FROM @extschema@.dq_messages AS g
+        WHERE EXISTS (SELECT FROM @extschema@.dq_groups AS r WHERE r.queue = dq__queue_head.queue)
+            AND g.queue = dq__queue_head.queue AND (g.channel <> '' OR g.priority <> 0)
+    )
+    SELECT
+        s.delayed + g.delayed,
+        s.leased + g.leased,
+        least(
+            (SELECT min(p.due_at) FROM @extschema@.dq_messages AS p
+             WHERE p.queue = dq__queue_head.queue AND p.channel = '' AND p.priority = 0 AND p.due_at <= now_at),
+            g.oldest_ready_at
+        ),
+        least(
+            (SELECT p.due_at FROM @extschema@.dq_messages AS p
+             WHERE p.queue = dq__queue_head.queue AND p.channel = '' AND p.priority = 0
+                AND p.due_at > now_at AND p.lock_token IS NULL
+             ORDER BY p.due_at LIMIT 1),
+            g.next_due_at
+        )
+    FROM plain_soon AS s CROSS JOIN grouped AS g;
+$$;
+
+-- dq_stats' overview from dq_counts (12_counts.sql) at now_at: whole bins
+-- summed, the current bin's messages still ahead of now_at counted from the
+-- poll indexes (dq__queue_head). The same rows as dq__scanned_stats, at the
+-- cost of the counts and a few probes per queue, whatever the table holds.
+CREATE OR REPLACE FUNCTION dq__counted_stats(now_at timestamptz) RETURNS TABLE (
+    queue text,
+    ready bigint,
+    delayed bigint,
+    leased bigint,
+    oldest_ready_at timestamptz,
+    next_due_at timestamptz
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH bins AS (
+        SELECT
+            c.queue,
+            -- before, in or after the bin holding now_at
+            CASE
+                WHEN c.due_bin < @extschema@.dq__due_bin(now_at) THEN -1
+                WHEN c.due_bin = @extschema@.dq__due_bin(now_at) THEN 0
+                ELSE 1
+            END AS side,
+            c.leased,
+            sum(c.n) AS n
+        FROM @extschema@.dq_counts AS c
+        GROUP BY 1, 2, 3
+    ),
+    queues AS (
+        SELECT
+            b.queue,
+            coalesce(sum(b.n) FILTER (WHERE b.side <= 0), 0) AS due_by_bin,
+            coalesce(sum(b.n) FILTER (WHERE b.side > 0 AND NOT b.leased), 0) AS delayed_later,
+            coalesce(sum(b.n) FILTER (WHERE b.side > 0 AND b.leased), 0) AS leased_later
+        FROM bins AS b
+        GROUP BY b.queue
+        HAVING sum(b.n) <> 0
+    )
+    SELECT
+        q.queue::text,
+        q.due_by_bin - h.soon_delayed - h.soon_leased,
+        q.delayed_later + h.soon_delayed,
+        q.leased_later + h.soon_leased,
+        h.oldest_ready_at,
+        h.next_due_at
+    FROM queues AS q
+    CROSS JOIN LATERAL @extschema@.dq__queue_head(
+        q.queue, now_at, @extschema@.dq__due_bin(now_at) + @extschema@.dq__due_bin_width()
+    ) AS h
+    ORDER BY 1;
+$$;
+
+-- dq_stats' overview read from the table itself: one pass over every
+-- message. What dq_counts is checked against (tests), and what dq_stats()
+-- reads when it cannot read the counts (dq__overview_counted).
+CREATE OR REPLACE FUNCTION dq__scanned_stats(now_at timestamptz) RETURNS TABLE (
+    queue text,
+    ready bigint,
+    delayed bigint,
+    leased bigint,
+    oldest_ready_at timestamptz,
+    next_due_at timestamptz
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT
+        m.queue::text,
+        count(*) FILTER (WHERE m.due_at <= now_at),
+        count(*) FILTER (WHERE m.due_at > now_at AND m.lock_token IS NULL),
+        count(*) FILTER (WHERE @extschema@.dq__is_leased(m.lock_token, m.due_at, now_at)),
+        min(m.due_at) FILTER (WHERE m.due_at <= now_at),
+        min(m.due_at) FILTER (WHERE m.due_at > now_at AND m.lock_token IS NULL)
+    FROM @extschema@.dq_messages AS m
+    GROUP BY m.queue
+    ORDER BY 1;
+$$;
+
+-- Whether dq_stats() at now_at reads the counts (dq__counted_stats): the
+-- caller may read them and is not isolated by row-level security (12_counts.sql),
+-- and the clock is not pinned more than 6 days back, before bins the counts
+-- may have folded into '-infinity'. Otherwise it reads the table, as 1.1 did.
+CREATE OR REPLACE FUNCTION dq__overview_counted(now_at timestamptz) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT now_at >= pg_catalog.statement_timestamp() - interval '6 days'
+        AND pg_catalog.has_table_privilege('@extschema@.dq_counts', 'SELECT')
+        AND NOT pg_catalog.row_security_active('@extschema@.dq_messages');
+$$;
+
 -- One row per queue with messages, or exactly one row for the named queue.
 CREATE OR REPLACE FUNCTION dq_stats(queue text DEFAULT NULL) RETURNS TABLE (
     queue text,
@@ -3238,18 +3522,16 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_queue(dq_stats.queue) WHERE dq_stats.queue IS NOT NULL;
-    -- every queue: one pass over the table (the counts as dq__queue_stats's)
-    SELECT
-        m.queue::text,
-        count(*) FILTER (WHERE m.due_at <= n.now_at),
-        count(*) FILTER (WHERE m.due_at > n.now_at AND m.lock_token IS NULL),
-        count(*) FILTER (WHERE @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)),
-        min(m.due_at) FILTER (WHERE m.due_at <= n.now_at),
-        min(m.due_at) FILTER (WHERE m.due_at > n.now_at AND m.lock_token IS NULL)
-    FROM @extschema@.dq_messages AS m
-    CROSS JOIN @extschema@.dq_now() AS n (now_at)
-    WHERE dq_stats.queue IS NULL
-    GROUP BY m.queue
+    -- every queue: from the counts (1.2: one pass over the table)
+    SELECT s.*
+    FROM @extschema@.dq_now() AS n (now_at)
+    CROSS JOIN LATERAL @extschema@.dq__counted_stats(n.now_at) AS s
+    WHERE dq_stats.queue IS NULL AND @extschema@.dq__overview_counted(n.now_at)
+    UNION ALL
+    SELECT s.*
+    FROM @extschema@.dq_now() AS n (now_at)
+    CROSS JOIN LATERAL @extschema@.dq__scanned_stats(n.now_at) AS s
+    WHERE dq_stats.queue IS NULL AND NOT @extschema@.dq__overview_counted(n.now_at)
     UNION ALL
     -- a named queue: its messages only, zeros when it has none (1.2: it read every queue)
     SELECT dq_stats.queue, s.*
@@ -4447,6 +4729,48 @@ SET next_at = CASE WHEN @extschema@.dq__valid_time(next_at) THEN next_at END,
 WHERE NOT @extschema@.dq__valid_time(next_at)
     OR NOT @extschema@.dq__valid_time(missed_from)
     OR NOT @extschema@.dq__valid_time(last_error_at);
+
+-- Every role that may read the messages may read their counts (SELECT on
+-- dq_counts, what dq_stats() of every queue reads since 1.2; PUBLIC
+-- included): it learns nothing it could not count itself, and a role under
+-- row-level security on dq_messages sees no count (the policy above).
+-- Names come from the catalog, quoted.
+DO $carry_over$
+DECLARE
+    v_grantee text;
+BEGIN
+    FOR v_grantee IN
+        SELECT
+            CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE a.grantee::pg_catalog.regrole::text END
+        FROM pg_catalog.pg_class AS c
+        CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) AS a
+        WHERE c.oid OPERATOR(pg_catalog.=) '@extschema@.dq_messages'::pg_catalog.regclass
+            AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+            AND a.privilege_type OPERATOR(pg_catalog.=) 'SELECT'
+    LOOP
+        EXECUTE pg_catalog.format('GRANT SELECT ON @extschema@.dq_counts TO %s', v_grantee);
+    END LOOP;
+END
+$carry_over$;
+
+-- Counts behind the overview (1.2): the messages as they are now, one
+-- row per (queue, due bin, leased), then the triggers that keep them. One
+-- pass over the table under the step's lock (docs/upgrading.md).
+INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+SELECT m.queue, @extschema@.dq__due_bin(m.due_at), m.lock_token IS NOT NULL, count(*)
+FROM @extschema@.dq_messages AS m
+GROUP BY 1, 2, 3;
+CREATE TRIGGER dq_count_inserted AFTER INSERT ON @extschema@.dq_messages
+REFERENCING NEW TABLE AS changed_rows
+FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.dq__count_rows();
+CREATE TRIGGER dq_count_deleted AFTER DELETE ON @extschema@.dq_messages
+REFERENCING OLD TABLE AS changed_rows
+FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.dq__count_rows();
+CREATE TRIGGER dq_count_updated AFTER UPDATE ON @extschema@.dq_messages
+REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.dq__count_updated();
+CREATE TRIGGER dq_count_truncated AFTER TRUNCATE ON @extschema@.dq_messages
+FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.dq__count_truncated();
 
 -- Warn when every role may create objects in pgdq's schema (docs/security.md).
 SELECT @extschema@.dq__warn_if_open_schema(pg_catalog.current_schema());

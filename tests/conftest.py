@@ -153,7 +153,25 @@ def queue_name(request: pytest.FixtureRequest, database: str) -> Iterator[str]:
 
         forget()
         yield name
+        assert_counts_agree(c, name)
         forget()
+
+
+def assert_counts_agree(conn: psycopg.Connection[Any], queue: str) -> None:
+    """dq_stats()'s overview of queue from the counts (dq_counts, kept by
+    triggers on every write) equals one read from its messages, at one time
+    and one snapshot: every test that leaves messages behind checks the
+    counts of the writes it made. Installs before 1.2 have no counts."""
+    if conn.execute("SELECT to_regproc('dq__counted_stats') IS NULL").fetchone() == (True,):
+        return
+    (now,) = conn.execute("SELECT dq_now()").fetchone() or (None,)
+    counted, scanned = conn.execute(
+        """SELECT
+            (SELECT row(s.*)::text FROM dq__counted_stats(%(now)s) AS s WHERE s.queue = %(queue)s),
+            (SELECT row(s.*)::text FROM dq__scanned_stats(%(now)s) AS s WHERE s.queue = %(queue)s)""",
+        {"now": now, "queue": queue},
+    ).fetchone() or (None, None)
+    assert counted == scanned, f"the counts of {queue} disagree with its messages"
 
 
 @pytest.fixture

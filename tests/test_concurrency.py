@@ -172,3 +172,54 @@ def test_lease_expiry_redelivers(database: str, queue_name: str, conn: psycopg.C
     assert second is not None and second.redelivery and second.attempts == 2
     assert not q.ack(first.lock_token), "the expired, re-leased token is stale"
     assert q.ack(second.lock_token)
+
+
+def test_counts_stay_exact_while_sessions_write_and_fold(database: str, queue_name: str) -> None:
+    """Four sessions offer, send, poll, ack and nack one queue while a fifth
+    folds the counts (dq__fold_counts) over and over: nobody waits for the
+    counts or deadlocks on them, and dq_stats() of every queue, from the
+    counts, equals a count of the messages at the end."""
+    stop = threading.Event()
+
+    def write(i: int, barrier: threading.Barrier) -> int:
+        rng = random.Random(i)
+        with Queue(queue_name, database) as q:
+            q.version()
+            barrier.wait()
+            for n in range(60):
+                later = datetime.now(UTC) + timedelta(minutes=rng.choice([0, 3, 15, 90]))
+                q.offer(f"k{rng.randrange(40)}", {"n": n}, scheduled_at=later)
+                q.send_many([{"n": n}] * rng.randrange(1, 5))
+                for d in q.poll_many(rng.randrange(1, 6), lease=timedelta(minutes=rng.choice([1, 30]))):
+                    # a concurrent offer of its key may have replaced the lease: stale is fine here
+                    if rng.random() < 0.6:
+                        q.ack(d.lock_token)
+                    else:
+                        q.nack(d.lock_token, later)
+        return n
+
+    def fold(barrier: threading.Barrier) -> int:
+        folds = 0
+        with psycopg.connect(database, autocommit=True) as conn:
+            barrier.wait()
+            while not stop.is_set():
+                conn.execute("SELECT dq__fold_counts()")
+                folds += 1
+        return folds
+
+    barrier = threading.Barrier(5)
+    with ThreadPoolExecutor(5) as pool:
+        folder = pool.submit(fold, barrier)
+        writers = [pool.submit(write, i, barrier) for i in range(4)]
+        assert [w.result() for w in writers] == [59] * 4
+        stop.set()
+        assert folder.result() > 0
+    with psycopg.connect(database, autocommit=True) as conn:
+        (now,) = conn.execute("SELECT dq_now()").fetchone() or (None,)
+        counted, scanned = conn.execute(
+            "SELECT ARRAY(SELECT row(s.*)::text FROM dq__counted_stats(%(now)s) AS s),"
+            " ARRAY(SELECT row(s.*)::text FROM dq__scanned_stats(%(now)s) AS s)",
+            {"now": now},
+        ).fetchone() or (None, None)
+    assert counted == scanned
+    assert any(row.startswith(f"({queue_name},") for row in counted)

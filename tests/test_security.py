@@ -102,12 +102,12 @@ def roles(database: str) -> Iterator[None]:
 
 def isolate(conninfo: str, *, version: str | None = None) -> None:
     """pgdq with the README's grants and the isolation SQL for two tenants
-    (for version 1.0.0: the statements it had, without dq_groups and dq_turns)."""
+    (for version 1.0.0: the statements it had, without dq_groups, dq_turns and dq_counts)."""
 
     def of_version(statements: list[str]) -> list[str]:
         if version != "1.0.0":
             return statements
-        return [s for s in statements if "dq_groups" not in s and "dq_turns" not in s]
+        return [s for s in statements if not any(t in s for t in ("dq_groups", "dq_turns", "dq_counts"))]
 
     with connect(conninfo) as admin:
         for statement in of_version(readme_grants()):
@@ -368,6 +368,7 @@ def test_another_tenants_queues_look_empty_and_stay_intact(isolated: str) -> Non
         assert rows(t, "SELECT * FROM dq_get(%s, 'ready')", b) == []
         assert all(r[0].startswith("payroll/") for r in rows(t, "SELECT queue FROM dq_stats()"))
         assert rows(t, "SELECT * FROM dq_stats(%s)", b) == [(b, 0, 0, 0, None, None)]
+        assert value(t, "SELECT count(*) FROM dq_counts") == 0, "no count of any queue (1.2)"
         assert value(t, "SELECT dq_next_due(%s)", b) is None
         assert rows(t, "SELECT * FROM dq_poll_many(%s, 10)", b) == []
         assert rows(t, "SELECT * FROM dq_dead_list(%s)", b) == []
@@ -447,6 +448,7 @@ def test_a_role_without_a_policy_sees_nothing(isolated: str) -> None:
     with connect(isolated, BILLING) as owner, connect(isolated, PRODUCER) as bare:
         owner.execute("SELECT dq_offer('billing/x', 'k', '1')")
         assert rows(bare, "SELECT * FROM dq_stats()") == []
+        assert value(bare, "SELECT count(*) FROM dq_counts") == 0
         assert rows(bare, "SELECT * FROM dq_get('billing/x', 'k')") == []
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             bare.execute("SELECT dq_offer('anything', 'k', '1')")
@@ -506,6 +508,9 @@ def test_an_upgrade_from_1_0_0_keeps_the_policies(roles: None) -> None:
         admin.execute("SELECT dq_channel_set('billing/q', 'secret-partner', 1)")
     with connect(dsn(UPGRADE_DB), PAYROLL) as t:
         assert rows(t, "SELECT * FROM dq_stats()") == [] and value(t, "SELECT dq_purge('billing/q')") == 0
+        # 1.2's counts took dq_messages' SELECT grants, and show the tenant nothing
+        assert value(t, "SELECT has_table_privilege('dq_counts', 'SELECT')") is True
+        assert value(t, "SELECT count(*) FROM dq_counts") == 0
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             t.execute("SELECT dq_offer('billing/q', 'k', '2')")
         # 1.1's table took the grants and policies of dq_messages: the tenant

@@ -44,6 +44,13 @@ TABLES = {
     "dq_schedules": Grants(producer=ALL, consumer="SELECT, UPDATE"),
     "dq_groups": Grants(producer="SELECT, INSERT, UPDATE", consumer=ALL),
 }
+# The tables pgdq keeps itself, through triggers that run as its owner
+# (sql/src/12_counts.sql): granted and dropped like TABLES, but not
+# registered with pg_dump in an extension install, where restoring the
+# messages (COPY fires the triggers) counts them again.
+KEPT_TABLES = {
+    "dq_counts": Grants(producer="SELECT", consumer="SELECT"),
+}
 # pgdq's sequences (dq_messages' identity, and the turns of channels), whose
 # position pg_dump must keep: restored ids and turns must not be handed out again.
 SEQUENCES = ("dq_messages_id_seq", "dq_turns")
@@ -177,9 +184,11 @@ def uninstall_script(schema: str = "public") -> str:
     type and messages from schema; other objects there stay."""
     ident = schema_ident(schema)
     names = ", ".join(f"'{name}'" for name in function_names())
-    tables = ", ".join(f"{ident}.{table}" for table in TABLES)
+    tables = ", ".join(f"{ident}.{table}" for table in [*TABLES, *KEPT_TABLES])
     return (
         f"SET LOCAL search_path = {ident};\n"
+        # the tables first: their triggers hold on to pgdq's trigger functions
+        f"DROP TABLE IF EXISTS {tables};\n"
         "DO $$ DECLARE f regprocedure; BEGIN\n"
         "  FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p\n"
         "    JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace\n"
@@ -187,7 +196,6 @@ def uninstall_script(schema: str = "public") -> str:
         f"      AND p.proname = ANY (ARRAY[{names}])\n"
         "  LOOP EXECUTE 'DROP FUNCTION ' || f; END LOOP;\n"
         "END $$;\n"
-        f"DROP TABLE IF EXISTS {tables};\n"
         f"DROP SEQUENCE IF EXISTS {ident}.dq_turns;\n"
         f"DROP TYPE IF EXISTS {ident}.dq_delivery;\n"
     )
@@ -215,7 +223,7 @@ def grants_script(schema: str = "public") -> str:
     for role, functions in ROLES.items():
         lines.append(f"CREATE ROLE pgdq_{role} NOLOGIN;   -- {functions}")
         lines.append(f"GRANT USAGE ON SCHEMA {ident} TO pgdq_{role};")
-        for table, grants in TABLES.items():
+        for table, grants in {**TABLES, **KEPT_TABLES}.items():
             privileges = getattr(grants, role)
             if privileges:
                 lines.append(f"GRANT {privileges} ON {ident}.{table} TO pgdq_{role};")

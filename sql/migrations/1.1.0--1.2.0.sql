@@ -85,6 +85,25 @@ ALTER TABLE @extschema@.dq_dead_letters
 DROP FUNCTION dq_peek(text, text, integer);
 DROP FUNCTION dq_dead_list(text, integer);
 
+-- Counts behind the overview (1.2, sql/src/12_counts.sql): the table now,
+-- so that the functions reading it can be created; filled and kept by
+-- triggers at the end of the step, after the rows are final.
+CREATE TABLE @extschema@.dq_counts (
+    queue text COLLATE "C" NOT NULL,
+    due_bin timestamptz NOT NULL,
+    leased boolean NOT NULL,
+    n bigint NOT NULL
+) WITH (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 10000,
+    autovacuum_vacuum_cost_delay = 0
+);
+COMMENT ON TABLE @extschema@.dq_counts IS
+'pgdq message counts by queue and due time (deltas, summed on read). Kept by triggers on dq_messages; internal.';
+ALTER TABLE @extschema@.dq_counts ENABLE ROW LEVEL SECURITY;
+CREATE POLICY dq_counts_unless_isolated ON @extschema@.dq_counts
+USING ((SELECT NOT pg_catalog.row_security_active('@extschema@.dq_messages'::regclass)));
+
 -- @functions
 
 -- Times are readable (1.2): every time pgdq accepts, stores or returns lies
@@ -134,6 +153,48 @@ SET next_at = CASE WHEN @extschema@.dq__valid_time(next_at) THEN next_at END,
 WHERE NOT @extschema@.dq__valid_time(next_at)
     OR NOT @extschema@.dq__valid_time(missed_from)
     OR NOT @extschema@.dq__valid_time(last_error_at);
+
+-- Every role that may read the messages may read their counts (SELECT on
+-- dq_counts, what dq_stats() of every queue reads since 1.2; PUBLIC
+-- included): it learns nothing it could not count itself, and a role under
+-- row-level security on dq_messages sees no count (the policy above).
+-- Names come from the catalog, quoted.
+DO $carry_over$
+DECLARE
+    v_grantee text;
+BEGIN
+    FOR v_grantee IN
+        SELECT
+            CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC' ELSE a.grantee::pg_catalog.regrole::text END
+        FROM pg_catalog.pg_class AS c
+        CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) AS a
+        WHERE c.oid OPERATOR(pg_catalog.=) '@extschema@.dq_messages'::pg_catalog.regclass
+            AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+            AND a.privilege_type OPERATOR(pg_catalog.=) 'SELECT'
+    LOOP
+        EXECUTE pg_catalog.format('GRANT SELECT ON @extschema@.dq_counts TO %s', v_grantee);
+    END LOOP;
+END
+$carry_over$;
+
+-- Counts behind the overview (1.2): the messages as they are now, one
+-- row per (queue, due bin, leased), then the triggers that keep them. One
+-- pass over the table under the step's lock (docs/upgrading.md).
+INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+SELECT m.queue, @extschema@.dq__due_bin(m.due_at), m.lock_token IS NOT NULL, count(*)
+FROM @extschema@.dq_messages AS m
+GROUP BY 1, 2, 3;
+CREATE TRIGGER dq_count_inserted AFTER INSERT ON @extschema@.dq_messages
+REFERENCING NEW TABLE AS changed_rows
+FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.dq__count_rows();
+CREATE TRIGGER dq_count_deleted AFTER DELETE ON @extschema@.dq_messages
+REFERENCING OLD TABLE AS changed_rows
+FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.dq__count_rows();
+CREATE TRIGGER dq_count_updated AFTER UPDATE ON @extschema@.dq_messages
+REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.dq__count_updated();
+CREATE TRIGGER dq_count_truncated AFTER TRUNCATE ON @extschema@.dq_messages
+FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.dq__count_truncated();
 
 -- Warn when every role may create objects in pgdq's schema (docs/security.md).
 SELECT @extschema@.dq__warn_if_open_schema(pg_catalog.current_schema());

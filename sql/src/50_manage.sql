@@ -277,6 +277,149 @@ AS $$
     CROSS JOIN @extschema@.dq_now() AS n (now_at);
 $$;
 
+-- What dq_counts cannot say about one queue at now_at: its messages due
+-- after now_at and before until_at (the end of the current bin; delayed and
+-- leased), its oldest ready due time and its next delayed one. Probes of
+-- the plain poll index; a queue with groups reads its grouped messages
+-- too (their index is not in due order across channels).
+CREATE FUNCTION dq__queue_head(queue text, now_at timestamptz, until_at timestamptz) RETURNS TABLE (
+    soon_delayed bigint,
+    soon_leased bigint,
+    oldest_ready_at timestamptz,
+    next_due_at timestamptz
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+AS $$
+    WITH plain_soon AS (
+        SELECT
+            count(*) FILTER (WHERE p.lock_token IS NULL) AS delayed,
+            count(*) FILTER (WHERE p.lock_token IS NOT NULL) AS leased
+        FROM @extschema@.dq_messages AS p
+        WHERE p.queue = dq__queue_head.queue AND p.channel = '' AND p.priority = 0
+            AND p.due_at > now_at AND p.due_at < until_at
+    ),
+    grouped AS (
+        SELECT
+            count(*) FILTER (WHERE g.due_at > now_at AND g.due_at < until_at AND g.lock_token IS NULL) AS delayed,
+            count(*) FILTER (WHERE g.due_at > now_at AND g.due_at < until_at AND g.lock_token IS NOT NULL) AS leased,
+            min(g.due_at) FILTER (WHERE g.due_at <= now_at) AS oldest_ready_at,
+            min(g.due_at) FILTER (WHERE g.due_at > now_at AND g.lock_token IS NULL) AS next_due_at
+        FROM @extschema@.dq_messages AS g
+        WHERE EXISTS (SELECT FROM @extschema@.dq_groups AS r WHERE r.queue = dq__queue_head.queue)
+            AND g.queue = dq__queue_head.queue AND (g.channel <> '' OR g.priority <> 0)
+    )
+    SELECT
+        s.delayed + g.delayed,
+        s.leased + g.leased,
+        least(
+            (SELECT min(p.due_at) FROM @extschema@.dq_messages AS p
+             WHERE p.queue = dq__queue_head.queue AND p.channel = '' AND p.priority = 0 AND p.due_at <= now_at),
+            g.oldest_ready_at
+        ),
+        least(
+            (SELECT p.due_at FROM @extschema@.dq_messages AS p
+             WHERE p.queue = dq__queue_head.queue AND p.channel = '' AND p.priority = 0
+                AND p.due_at > now_at AND p.lock_token IS NULL
+             ORDER BY p.due_at LIMIT 1),
+            g.next_due_at
+        )
+    FROM plain_soon AS s CROSS JOIN grouped AS g;
+$$;
+
+-- dq_stats' overview from dq_counts (12_counts.sql) at now_at: whole bins
+-- summed, the current bin's messages still ahead of now_at counted from the
+-- poll indexes (dq__queue_head). The same rows as dq__scanned_stats, at the
+-- cost of the counts and a few probes per queue, whatever the table holds.
+CREATE FUNCTION dq__counted_stats(now_at timestamptz) RETURNS TABLE (
+    queue text,
+    ready bigint,
+    delayed bigint,
+    leased bigint,
+    oldest_ready_at timestamptz,
+    next_due_at timestamptz
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH bins AS (
+        SELECT
+            c.queue,
+            -- before, in or after the bin holding now_at
+            CASE
+                WHEN c.due_bin < @extschema@.dq__due_bin(now_at) THEN -1
+                WHEN c.due_bin = @extschema@.dq__due_bin(now_at) THEN 0
+                ELSE 1
+            END AS side,
+            c.leased,
+            sum(c.n) AS n
+        FROM @extschema@.dq_counts AS c
+        GROUP BY 1, 2, 3
+    ),
+    queues AS (
+        SELECT
+            b.queue,
+            coalesce(sum(b.n) FILTER (WHERE b.side <= 0), 0) AS due_by_bin,
+            coalesce(sum(b.n) FILTER (WHERE b.side > 0 AND NOT b.leased), 0) AS delayed_later,
+            coalesce(sum(b.n) FILTER (WHERE b.side > 0 AND b.leased), 0) AS leased_later
+        FROM bins AS b
+        GROUP BY b.queue
+        HAVING sum(b.n) <> 0
+    )
+    SELECT
+        q.queue::text,
+        q.due_by_bin - h.soon_delayed - h.soon_leased,
+        q.delayed_later + h.soon_delayed,
+        q.leased_later + h.soon_leased,
+        h.oldest_ready_at,
+        h.next_due_at
+    FROM queues AS q
+    CROSS JOIN LATERAL @extschema@.dq__queue_head(
+        q.queue, now_at, @extschema@.dq__due_bin(now_at) + @extschema@.dq__due_bin_width()
+    ) AS h
+    ORDER BY 1;
+$$;
+
+-- dq_stats' overview read from the table itself: one pass over every
+-- message. What dq_counts is checked against (tests), and what dq_stats()
+-- reads when it cannot read the counts (dq__overview_counted).
+CREATE FUNCTION dq__scanned_stats(now_at timestamptz) RETURNS TABLE (
+    queue text,
+    ready bigint,
+    delayed bigint,
+    leased bigint,
+    oldest_ready_at timestamptz,
+    next_due_at timestamptz
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT
+        m.queue::text,
+        count(*) FILTER (WHERE m.due_at <= now_at),
+        count(*) FILTER (WHERE m.due_at > now_at AND m.lock_token IS NULL),
+        count(*) FILTER (WHERE @extschema@.dq__is_leased(m.lock_token, m.due_at, now_at)),
+        min(m.due_at) FILTER (WHERE m.due_at <= now_at),
+        min(m.due_at) FILTER (WHERE m.due_at > now_at AND m.lock_token IS NULL)
+    FROM @extschema@.dq_messages AS m
+    GROUP BY m.queue
+    ORDER BY 1;
+$$;
+
+-- Whether dq_stats() at now_at reads the counts (dq__counted_stats): the
+-- caller may read them and is not isolated by row-level security (12_counts.sql),
+-- and the clock is not pinned more than 6 days back, before bins the counts
+-- may have folded into '-infinity'. Otherwise it reads the table, as 1.1 did.
+CREATE FUNCTION dq__overview_counted(now_at timestamptz) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT now_at >= pg_catalog.statement_timestamp() - interval '6 days'
+        AND pg_catalog.has_table_privilege('@extschema@.dq_counts', 'SELECT')
+        AND NOT pg_catalog.row_security_active('@extschema@.dq_messages');
+$$;
+
 -- One row per queue with messages, or exactly one row for the named queue.
 CREATE FUNCTION dq_stats(queue text DEFAULT NULL) RETURNS TABLE (
     queue text,
@@ -291,18 +434,16 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_queue(dq_stats.queue) WHERE dq_stats.queue IS NOT NULL;
-    -- every queue: one pass over the table (the counts as dq__queue_stats's)
-    SELECT
-        m.queue::text,
-        count(*) FILTER (WHERE m.due_at <= n.now_at),
-        count(*) FILTER (WHERE m.due_at > n.now_at AND m.lock_token IS NULL),
-        count(*) FILTER (WHERE @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)),
-        min(m.due_at) FILTER (WHERE m.due_at <= n.now_at),
-        min(m.due_at) FILTER (WHERE m.due_at > n.now_at AND m.lock_token IS NULL)
-    FROM @extschema@.dq_messages AS m
-    CROSS JOIN @extschema@.dq_now() AS n (now_at)
-    WHERE dq_stats.queue IS NULL
-    GROUP BY m.queue
+    -- every queue: from the counts (1.2: one pass over the table)
+    SELECT s.*
+    FROM @extschema@.dq_now() AS n (now_at)
+    CROSS JOIN LATERAL @extschema@.dq__counted_stats(n.now_at) AS s
+    WHERE dq_stats.queue IS NULL AND @extschema@.dq__overview_counted(n.now_at)
+    UNION ALL
+    SELECT s.*
+    FROM @extschema@.dq_now() AS n (now_at)
+    CROSS JOIN LATERAL @extschema@.dq__scanned_stats(n.now_at) AS s
+    WHERE dq_stats.queue IS NULL AND NOT @extschema@.dq__overview_counted(n.now_at)
     UNION ALL
     -- a named queue: its messages only, zeros when it has none (1.2: it read every queue)
     SELECT dq_stats.queue, s.*
