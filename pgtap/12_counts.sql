@@ -4,7 +4,7 @@
 -- pinned before folded bins, a role without the right to read them and a
 -- role under row-level security read the messages instead.
 BEGIN;
-SELECT plan(39);
+SELECT plan(42);
 
 -- The counted overview equals the scanned one at now and at times around
 -- the bins it sums (a bin is 10 minutes).
@@ -122,6 +122,13 @@ SELECT ok(pg_temp.counts_agree(), 'dq_purge');
 UPDATE dq_messages SET due_at = due_at + interval '1 hour'
 WHERE queue = 't_counts_b';
 SELECT ok(pg_temp.counts_agree(), 'any other statement on the table');
+INSERT INTO dq_messages (queue, payload, scheduled_at, due_at, created_at, channel, priority)
+VALUES
+('t_counts_f', '1', now(), now() + interval '4 minutes', now(), 'c', 0),
+('t_counts_f', '1', now(), now() - interval '4 minutes', now(), '', 3);
+SELECT ok(pg_temp.counts_agree(), 'grouped messages of a queue without groups (written by hand)');
+DELETE FROM dq_messages
+WHERE queue = 't_counts_f';
 
 SELECT is(
     (SELECT array_agg(queue ORDER BY queue) FROM dq_stats()),
@@ -187,9 +194,16 @@ SELECT throws_ok(
     'SELECT count(*) FROM dq_counts', '42501', NULL, 'and cannot read the counts'
 );
 RESET ROLE;
+GRANT SELECT ON dq_counts TO t_counts_reader;
+SET LOCAL ROLE t_counts_reader;
+SELECT is(
+    array(SELECT row(s.*)::text FROM dq_stats() AS s),
+    array(SELECT row(s.*)::text FROM dq__scanned_stats(dq_now()) AS s),
+    'a role that may read the messages and the counts, and nothing else, reads the counts'
+);
+RESET ROLE;
 ALTER TABLE dq_messages ENABLE ROW LEVEL SECURITY;
 CREATE POLICY t_counts_b_only ON dq_messages TO t_counts_reader USING (queue = 't_counts_b');
-GRANT SELECT ON dq_counts TO t_counts_reader;
 SET LOCAL ROLE t_counts_reader;
 SELECT is(
     (SELECT array_agg(queue) FROM dq_stats()), ARRAY['t_counts_b'], 'a role under row-level security sees its queues'
@@ -205,6 +219,12 @@ SELECT throws_ok(
     'INSERT INTO fake VALUES (''t_fake'', now(), NULL)',
     '42501', NULL, 'the count triggers count dq_messages only'
 );
+CREATE TRIGGER t_twice AFTER INSERT ON dq_messages REFERENCING NEW TABLE AS changed_rows
+FOR EACH STATEMENT EXECUTE FUNCTION dq__count_rows();
+SELECT throws_ok(
+    $$SELECT dq_send('t_counts', '1')$$, '42501', NULL, 'and only through pgdq''s own triggers on it'
+);
+DROP TRIGGER t_twice ON dq_messages;
 TRUNCATE dq_messages;
 SELECT is((SELECT count(*)::int FROM dq_counts), 0, 'TRUNCATE clears the counts');
 

@@ -196,17 +196,30 @@ AS $$
     HAVING sum(b.n) <> 0;
 $$;
 
--- Refuse to count rows of any table but dq_messages (a role may attach a
--- trigger function to a table of its own).
-CREATE OR REPLACE FUNCTION dq__count_check(relid oid) RETURNS void
+-- Whether a trigger call is one of pgdq's own count triggers: AFTER, FOR
+-- EACH STATEMENT, on dq_messages, by its name. A role may attach a trigger
+-- function to a table of its own, or (with the TRIGGER right) add another
+-- trigger to dq_messages that would count twice.
+CREATE OR REPLACE FUNCTION dq__is_count_trigger(relid oid, name text, level text, fired text) RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT relid OPERATOR(pg_catalog.=) '@extschema@.dq_messages'::pg_catalog.regclass::pg_catalog.oid
+        AND level OPERATOR(pg_catalog.=) 'STATEMENT'
+        AND fired OPERATOR(pg_catalog.=) 'AFTER'
+        AND name OPERATOR(pg_catalog.=) ANY (
+            ARRAY['dq_count_inserted', 'dq_count_deleted', 'dq_count_updated', 'dq_count_truncated']
+        );
+$$;
+
+-- Raise: a count trigger function was called as anything but one of pgdq's
+-- count triggers (dq__is_count_trigger).
+CREATE OR REPLACE FUNCTION dq__count_refuse(relid oid, name text) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF relid IS DISTINCT FROM '@extschema@.dq_messages'::regclass THEN
-        RAISE EXCEPTION 'pgdq counts only dq_messages, not %', relid::regclass
-        USING ERRCODE = '42501';
-    END IF;
+    RAISE EXCEPTION 'pgdq counts only through its own triggers on dq_messages, not % on %', name, relid::regclass
+    USING ERRCODE = '42501';
 END
 $$;
 
@@ -218,8 +231,8 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF TG_RELID <> '@extschema@.dq_messages'::regclass THEN
-        PERFORM @extschema@.dq__count_check(TG_RELID);
+    IF NOT @extschema@.dq__is_count_trigger(TG_RELID, TG_NAME::text, TG_LEVEL, TG_WHEN) THEN
+        PERFORM @extschema@.dq__count_refuse(TG_RELID, TG_NAME::text);
     END IF;
     INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
     SELECT
@@ -227,7 +240,9 @@ BEGIN
         CASE TG_OP WHEN 'DELETE' THEN -count(*) ELSE count(*) END
     FROM changed_rows AS r
     GROUP BY 1, 2, 3;
-    IF random() < 1.0 / 4096 THEN
+    -- a fold in REPEATABLE READ or SERIALIZABLE could fail on a row that a
+    -- concurrent fold took: writers there never fold
+    IF random() < 1.0 / 4096 AND current_setting('transaction_isolation') = 'read committed' THEN
         PERFORM @extschema@.dq__fold_counts();
     END IF;
     RETURN NULL;
@@ -241,8 +256,8 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF TG_RELID <> '@extschema@.dq_messages'::regclass THEN
-        PERFORM @extschema@.dq__count_check(TG_RELID);
+    IF NOT @extschema@.dq__is_count_trigger(TG_RELID, TG_NAME::text, TG_LEVEL, TG_WHEN) THEN
+        PERFORM @extschema@.dq__count_refuse(TG_RELID, TG_NAME::text);
     END IF;
     INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
     SELECT d.queue, d.due_bin, d.leased, sum(d.n)
@@ -265,10 +280,12 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF TG_RELID <> '@extschema@.dq_messages'::regclass THEN
-        PERFORM @extschema@.dq__count_check(TG_RELID);
+    IF NOT @extschema@.dq__is_count_trigger(TG_RELID, TG_NAME::text, TG_LEVEL, TG_WHEN) THEN
+        PERFORM @extschema@.dq__count_refuse(TG_RELID, TG_NAME::text);
     END IF;
-    DELETE FROM @extschema@.dq_counts;
+    -- TRUNCATE, not DELETE: no count a concurrent fold or an older snapshot
+    -- holds survives it
+    TRUNCATE @extschema@.dq_counts;
     RETURN NULL;
 END
 $$;
@@ -3368,8 +3385,9 @@ $$;
 -- What dq_counts cannot say about one queue at now_at: its messages due
 -- after now_at and before until_at (the end of the current bin; delayed and
 -- leased), its oldest ready due time and its next delayed one. Probes of
--- the plain poll index; a queue with groups reads its grouped messages
--- too (their index is not in due order across channels).
+-- the plain poll index, and a read of the queue's entries in the grouped
+-- one (not in due order across channels; one empty descent for a plain
+-- queue), as dq__queue_stats reads it.
 CREATE OR REPLACE FUNCTION dq__queue_head(queue text, now_at timestamptz, until_at timestamptz) RETURNS TABLE (
     soon_delayed bigint,
     soon_leased bigint,
@@ -3395,8 +3413,7 @@ AS $$
             min(g.due_at) FILTER (WHERE g.due_at <= now_at) AS oldest_ready_at,
             min(g.due_at) FILTER (WHERE g.due_at > now_at AND g.lock_token IS NULL) AS next_due_at
         FROM @extschema@.dq_messages AS g
-        WHERE EXISTS (SELECT FROM @extschema@.dq_groups AS r WHERE r.queue = dq__queue_head.queue)
-            AND g.queue = dq__queue_head.queue AND (g.channel <> '' OR g.priority <> 0)
+        WHERE g.queue = dq__queue_head.queue AND (g.channel <> '' OR g.priority <> 0)
     )
     SELECT
         s.delayed + g.delayed,
@@ -3503,7 +3520,7 @@ CREATE OR REPLACE FUNCTION dq__overview_counted(now_at timestamptz) RETURNS bool
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT now_at >= pg_catalog.statement_timestamp() - interval '6 days'
+    SELECT now_at >= pg_catalog.clock_timestamp() - interval '6 days'
         AND pg_catalog.has_table_privilege('@extschema@.dq_counts', 'SELECT')
         AND NOT pg_catalog.row_security_active('@extschema@.dq_messages');
 $$;

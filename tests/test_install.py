@@ -257,6 +257,8 @@ CRAFTED = [
     "x$$;CREATE TABLE IF NOT EXISTS public.pgdq_pwned();SELECT $$x",  # ends a $$ body
     "z\nCREATE TABLE IF NOT EXISTS public.pgdq_pwned();--",  # ends a comment the name is in
     "n" * 64,  # the server would truncate it
+    "x');CREATE TABLE IF NOT EXISTS public.pgdq_pwned();SELECT ('",  # ends a string literal the name is in (1.2)
+    "back\\slash",  # PostgreSQL refuses it for extension schemas too
 ]
 
 

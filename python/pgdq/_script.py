@@ -83,12 +83,14 @@ MAX_NAME_BYTES = 63
 
 def check_schema(name: str) -> str:
     """name if the scripts can embed it, else ValueError: it must be 1 to 63
-    bytes, without `$` (it could end a dollar-quoted function body) or control
-    characters (a line break would end a comment the name appears in)."""
+    bytes, without `$` (it could end a dollar-quoted function body), `'` or
+    `\\` (it stands in string literals too, as in CREATE EXTENSION, which
+    PostgreSQL refuses such schemas for) or control characters (a line break
+    would end a comment the name appears in)."""
     if not name or len(name.encode()) > MAX_NAME_BYTES:
         raise ValueError(f"schema must be 1 to {MAX_NAME_BYTES} bytes long, got {len(name.encode())}")
-    if "$" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise ValueError(f"schema must not contain $ or control characters, got {name!r}")
+    if any(c in "$'\\" or ord(c) < 32 or ord(c) == 127 for c in name):
+        raise ValueError(f"schema must not contain $, ', \\ or control characters, got {name!r}")
     return name
 
 

@@ -96,19 +96,33 @@ USING ((SELECT NOT pg_catalog.row_security_active('@extschema@.dq_messages'::reg
 -- The trigger functions run as pgdq's owner (SECURITY DEFINER, the only
 -- ones: pgtap/00_install.sql), so that a role that may write messages needs
 -- no right on dq_counts and no caller can write counts of its own. They
--- take no argument, and count only rows of dq_messages (dq__count_check).
+-- take no argument, and count only when called as pgdq's own count triggers
+-- (dq__is_count_trigger).
 
--- Refuse to count rows of any table but dq_messages (a role may attach a
--- trigger function to a table of its own).
-CREATE FUNCTION dq__count_check(relid oid) RETURNS void
+-- Whether a trigger call is one of pgdq's own count triggers: AFTER, FOR
+-- EACH STATEMENT, on dq_messages, by its name. A role may attach a trigger
+-- function to a table of its own, or (with the TRIGGER right) add another
+-- trigger to dq_messages that would count twice.
+CREATE FUNCTION dq__is_count_trigger(relid oid, name text, level text, fired text) RETURNS boolean
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT relid OPERATOR(pg_catalog.=) '@extschema@.dq_messages'::pg_catalog.regclass::pg_catalog.oid
+        AND level OPERATOR(pg_catalog.=) 'STATEMENT'
+        AND fired OPERATOR(pg_catalog.=) 'AFTER'
+        AND name OPERATOR(pg_catalog.=) ANY (
+            ARRAY['dq_count_inserted', 'dq_count_deleted', 'dq_count_updated', 'dq_count_truncated']
+        );
+$$;
+
+-- Raise: a count trigger function was called as anything but one of pgdq's
+-- count triggers (dq__is_count_trigger).
+CREATE FUNCTION dq__count_refuse(relid oid, name text) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF relid IS DISTINCT FROM '@extschema@.dq_messages'::regclass THEN
-        RAISE EXCEPTION 'pgdq counts only dq_messages, not %', relid::regclass
-        USING ERRCODE = '42501';
-    END IF;
+    RAISE EXCEPTION 'pgdq counts only through its own triggers on dq_messages, not % on %', name, relid::regclass
+    USING ERRCODE = '42501';
 END
 $$;
 
@@ -120,8 +134,8 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF TG_RELID <> '@extschema@.dq_messages'::regclass THEN
-        PERFORM @extschema@.dq__count_check(TG_RELID);
+    IF NOT @extschema@.dq__is_count_trigger(TG_RELID, TG_NAME::text, TG_LEVEL, TG_WHEN) THEN
+        PERFORM @extschema@.dq__count_refuse(TG_RELID, TG_NAME::text);
     END IF;
     INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
     SELECT
@@ -129,7 +143,9 @@ BEGIN
         CASE TG_OP WHEN 'DELETE' THEN -count(*) ELSE count(*) END
     FROM changed_rows AS r
     GROUP BY 1, 2, 3;
-    IF random() < 1.0 / 4096 THEN
+    -- a fold in REPEATABLE READ or SERIALIZABLE could fail on a row that a
+    -- concurrent fold took: writers there never fold
+    IF random() < 1.0 / 4096 AND current_setting('transaction_isolation') = 'read committed' THEN
         PERFORM @extschema@.dq__fold_counts();
     END IF;
     RETURN NULL;
@@ -143,8 +159,8 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF TG_RELID <> '@extschema@.dq_messages'::regclass THEN
-        PERFORM @extschema@.dq__count_check(TG_RELID);
+    IF NOT @extschema@.dq__is_count_trigger(TG_RELID, TG_NAME::text, TG_LEVEL, TG_WHEN) THEN
+        PERFORM @extschema@.dq__count_refuse(TG_RELID, TG_NAME::text);
     END IF;
     INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
     SELECT d.queue, d.due_bin, d.leased, sum(d.n)
@@ -167,10 +183,12 @@ LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF TG_RELID <> '@extschema@.dq_messages'::regclass THEN
-        PERFORM @extschema@.dq__count_check(TG_RELID);
+    IF NOT @extschema@.dq__is_count_trigger(TG_RELID, TG_NAME::text, TG_LEVEL, TG_WHEN) THEN
+        PERFORM @extschema@.dq__count_refuse(TG_RELID, TG_NAME::text);
     END IF;
-    DELETE FROM @extschema@.dq_counts;
+    -- TRUNCATE, not DELETE: no count a concurrent fold or an older snapshot
+    -- holds survives it
+    TRUNCATE @extschema@.dq_counts;
     RETURN NULL;
 END
 $$;

@@ -280,8 +280,9 @@ $$;
 -- What dq_counts cannot say about one queue at now_at: its messages due
 -- after now_at and before until_at (the end of the current bin; delayed and
 -- leased), its oldest ready due time and its next delayed one. Probes of
--- the plain poll index; a queue with groups reads its grouped messages
--- too (their index is not in due order across channels).
+-- the plain poll index, and a read of the queue's entries in the grouped
+-- one (not in due order across channels; one empty descent for a plain
+-- queue), as dq__queue_stats reads it.
 CREATE FUNCTION dq__queue_head(queue text, now_at timestamptz, until_at timestamptz) RETURNS TABLE (
     soon_delayed bigint,
     soon_leased bigint,
@@ -307,8 +308,7 @@ AS $$
             min(g.due_at) FILTER (WHERE g.due_at <= now_at) AS oldest_ready_at,
             min(g.due_at) FILTER (WHERE g.due_at > now_at AND g.lock_token IS NULL) AS next_due_at
         FROM @extschema@.dq_messages AS g
-        WHERE EXISTS (SELECT FROM @extschema@.dq_groups AS r WHERE r.queue = dq__queue_head.queue)
-            AND g.queue = dq__queue_head.queue AND (g.channel <> '' OR g.priority <> 0)
+        WHERE g.queue = dq__queue_head.queue AND (g.channel <> '' OR g.priority <> 0)
     )
     SELECT
         s.delayed + g.delayed,
@@ -415,7 +415,7 @@ CREATE FUNCTION dq__overview_counted(now_at timestamptz) RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT now_at >= pg_catalog.statement_timestamp() - interval '6 days'
+    SELECT now_at >= pg_catalog.clock_timestamp() - interval '6 days'
         AND pg_catalog.has_table_privilege('@extschema@.dq_counts', 'SELECT')
         AND NOT pg_catalog.row_security_active('@extschema@.dq_messages');
 $$;
