@@ -4028,6 +4028,10 @@ BEGIN
     -- Installers of one prefix take turns, so the last one to run sees (and
     -- replaces) everything the one before it wrote.
     PERFORM pg_advisory_xact_lock(hashtextextended(queue || '/' || key_prefix, 0));
+    -- Now, again: an installer that waited here for another must not install
+    -- an occurrence that fell due while it waited, and that a consumer may
+    -- have taken and acked already (two schedulers delivered one twice).
+    v_now := @extschema@.dq_now();
     -- This configuration's keys are the range [prefix/hash/, prefix/hash0).
     -- Other configurations' occurrences below it are deleted first, this
     -- one's are offered, then those above it are deleted: one ascending key

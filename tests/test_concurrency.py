@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from pgdq import OfferOutcome, Queue
+from waiting import wait_for
 
 T = TypeVar("T")
 
@@ -141,6 +142,41 @@ def test_five_sessions_install_the_same_cron_occurrences(database: str, queue_na
     created = run_together(5, install)
     assert sum(created) == 50, created
     assert Queue(queue_name, database).stats().delayed == 50
+
+
+def test_an_install_that_waited_skips_occurrences_delivered_meanwhile(database: str, queue_name: str) -> None:
+    """A cron install that waits for another installer of its prefix reads the
+    time after the wait: an occurrence that fell due, and was delivered and
+    acked, while it waited is not installed again (two schedulers delivered
+    one occurrence twice)."""
+    due = datetime.now(UTC) + timedelta(seconds=1)
+    with Queue(queue_name, database) as q, psycopg.connect(database) as holder:
+        assert q.cron_install("tick", "cfg1", [(due, {})]) == 1
+        # another installer of the prefix holds its lock (dq_cron_install's first step)
+        holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s || '/tick', 0))", (queue_name,))
+
+        def install_again() -> int:
+            with Queue(queue_name, database) as other:
+                return other.cron_install("tick", "cfg1", [(due, {})])
+
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(install_again)
+            wait_for(
+                lambda: (
+                    holder.execute(
+                        "SELECT count(*) FROM pg_locks AS l JOIN pg_database AS d ON d.oid = l.database"
+                        " WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database()"
+                    ).fetchone()
+                    == (1,)
+                ),
+                "the second install to wait for the prefix's lock",
+            )
+            delivered = wait_for(q.poll, "the occurrence to fall due")
+            delivered.ack()
+            holder.commit()
+            assert waiting.result() == 0, "the delivered occurrence was installed again"
+        stats = q.stats()
+        assert stats.ready + stats.delayed + stats.leased == 0
 
 
 def test_batches_in_any_key_order_never_deadlock(database: str, queue_name: str) -> None:
