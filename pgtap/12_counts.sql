@@ -4,7 +4,7 @@
 -- pinned before folded bins, a role without the right to read them and a
 -- role under row-level security read the messages instead.
 BEGIN;
-SELECT plan(42);
+SELECT plan(45);
 
 -- The counted overview equals the scanned one at now and at times around
 -- the bins it sums (a bin is 10 minutes).
@@ -227,6 +227,20 @@ SELECT throws_ok(
 DROP TRIGGER t_twice ON dq_messages;
 TRUNCATE dq_messages;
 SELECT is((SELECT count(*)::int FROM dq_counts), 0, 'TRUNCATE clears the counts');
+SELECT dq_send('t_counts', '1');
+SELECT lives_ok('TRUNCATE dq_messages, dq_counts', 'TRUNCATE of both tables in one statement');
+SELECT is((SELECT count(*)::int FROM dq_counts), 0, 'and no count is left');
+
+-- a fold runs under the writer's settings (enable_seqscan = off in the hot
+-- functions), which price its scan of dq_counts high enough for JIT: 60-90 ms
+-- of compiling a fold
+SELECT ok(
+    (
+        SELECT 'jit=off' = any(p.proconfig) FROM pg_proc AS p
+        WHERE p.oid = 'dq__fold_counts'::regproc
+    ),
+    'a fold is never compiled'
+);
 
 SELECT * FROM finish();
 ROLLBACK;

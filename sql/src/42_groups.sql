@@ -429,7 +429,9 @@ BEGIN
         WHERE g.queue = v_queue AND t.f > 0 AND g.max_concurrency IS NOT NULL
             AND @extschema@.dq__leases_held(v_queue, g.channel, now_at, g.max_concurrency) + t.f
                 >= g.max_concurrency
-            AND @extschema@.dq__group_first_due(v_queue, g.channel) <= now_at
+            -- dq__group_first_due, inlined: a call per channel cost its
+            -- settings' save and restore, more than its probes
+            AND (SELECT min(l.first_due) FROM @extschema@.dq__levels(v_queue, g.channel, NULL) AS l) <= now_at
     );
     IF cardinality(v_full) > 0 THEN
         PERFORM @extschema@.dq__wake(v_queue);
