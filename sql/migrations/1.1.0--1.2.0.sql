@@ -29,6 +29,10 @@ DROP FUNCTION dq_dead_letter(uuid, text);
 DROP FUNCTION dq__check_finite(timestamptz, text);
 DROP FUNCTION dq__check_finite_elements(timestamptz[], text);
 
+-- dq__leases_held returns a table of one row (1.2), which its callers'
+-- statements inline: as a scalar it was planned anew in every one.
+DROP FUNCTION dq__leases_held(text, text, timestamptz, integer);
+
 -- Raising functions are VOLATILE (1.2, issue 27): the argument checkers
 -- (dq__null_check, dq__check_*), the cron parser (dq__cron_field,
 -- dq__cron_parse, dq__due_occurrences) and dq__pinned_now were IMMUTABLE or

@@ -376,7 +376,7 @@ BEGIN
         AND m.queue = v_message.queue
         AND (
             v_max IS NULL OR m.due_at > v_now
-            OR @extschema@.dq__leases_held(m.queue, m.channel, v_now, v_max) < v_max
+            OR (SELECT h.held FROM @extschema@.dq__leases_held(m.queue, m.channel, v_now, v_max) AS h) < v_max
         )
     RETURNING m.due_at INTO v_until;
     RETURN v_until;
