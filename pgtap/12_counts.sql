@@ -4,7 +4,7 @@
 -- pinned before folded bins, a role without the right to read them and a
 -- role under row-level security read the messages instead.
 BEGIN;
-SELECT plan(45);
+SELECT plan(47);
 
 -- The counted overview equals the scanned one at now and at times around
 -- the bins it sums (a bin is 10 minutes).
@@ -230,6 +230,24 @@ SELECT is((SELECT count(*)::int FROM dq_counts), 0, 'TRUNCATE clears the counts'
 SELECT dq_send('t_counts', '1');
 SELECT lives_ok('TRUNCATE dq_messages, dq_counts', 'TRUNCATE of both tables in one statement');
 SELECT is((SELECT count(*)::int FROM dq_counts), 0, 'and no count is left');
+SELECT dq_send('t_counts', '1');
+SELECT lives_ok(
+    $test$
+    DO $do$
+    DECLARE
+        reading refcursor;
+        seen record;
+    BEGIN
+        OPEN reading FOR SELECT * FROM dq_counts;
+        FETCH reading INTO seen;
+        TRUNCATE dq_messages;
+        CLOSE reading;
+    END
+    $do$
+    $test$,
+    'TRUNCATE while a cursor reads the counts'
+);
+SELECT is((SELECT count(*)::int FROM dq_counts), 0, 'and no count is left either');
 
 -- a fold runs under the writer's settings (enable_seqscan = off in the hot
 -- functions), which price its scan of dq_counts high enough for JIT: 60-90 ms

@@ -297,9 +297,15 @@ BEGIN
     BEGIN
         TRUNCATE @extschema@.dq_counts;
     EXCEPTION WHEN object_in_use THEN
-        -- the same statement truncates dq_counts too (TRUNCATE dq_messages,
-        -- dq_counts), or a cursor of this session reads it: no fold can run
-        -- while this statement holds dq_messages, so a DELETE takes every count
+        -- The same statement truncates dq_counts too (TRUNCATE dq_messages,
+        -- dq_counts), or a cursor of this session reads it. Then the lock a
+        -- TRUNCATE would take, and a DELETE with a snapshot taken after it:
+        -- every count, none a fold adds later. A transaction with an older
+        -- snapshot (REPEATABLE READ, SERIALIZABLE) cannot: it fails as before.
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE;
+        END IF;
+        LOCK TABLE @extschema@.dq_counts IN ACCESS EXCLUSIVE MODE;
         DELETE FROM @extschema@.dq_counts;
     END;
     RETURN NULL;
