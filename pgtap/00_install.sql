@@ -1,7 +1,7 @@
 -- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
 -- defaults, security settings, the dq_delivery type, dq_now and dq_version.
 BEGIN;
-SELECT plan(115);
+SELECT plan(116);
 
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
@@ -213,6 +213,15 @@ SELECT is(
     ),
     NULL,
     'every pgdq function pins search_path (or schema-qualifies everything)'
+);
+
+SELECT is(
+    (
+        SELECT array_agg(o.fn ORDER BY o.fn) FROM ours AS o
+        WHERE 'enable_seqscan=off' = any(o.proconfig) AND NOT 'jit=off' = any(o.proconfig)
+    ),
+    NULL,
+    'every pgdq function that turns seq scans off turns JIT off (10_storage.sql)'
 );
 
 SELECT is(dq_version(), '1.2.0', 'dq_version() is the package version');

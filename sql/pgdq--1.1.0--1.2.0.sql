@@ -728,6 +728,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1017,6 +1018,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 BEGIN
     INSERT INTO @extschema@.dq_messages (
@@ -1345,6 +1347,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1395,6 +1398,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1443,6 +1447,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1551,6 +1556,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1618,6 +1624,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
@@ -1699,6 +1706,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1754,6 +1762,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -2749,6 +2758,7 @@ CREATE OR REPLACE FUNCTION dq__dead_queue_stats(queue text) RETURNS TABLE (dead 
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
     SELECT count(*), max(d.failed_at)
     FROM @extschema@.dq_dead_letters AS d
@@ -2853,6 +2863,7 @@ CREATE OR REPLACE FUNCTION dq__redrive_keyed(queue text, key text, id bigint, at
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -3394,6 +3405,7 @@ CREATE OR REPLACE FUNCTION dq__queue_stats(queue text) RETURNS TABLE (
 LANGUAGE sql VOLATILE  -- it reads dq_now, which can raise (20_checks.sql)
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
     SELECT
         count(*) FILTER (WHERE m.due_at <= n.now_at),
@@ -3428,6 +3440,7 @@ CREATE OR REPLACE FUNCTION dq__queue_head(queue text, now_at timestamptz, until_
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
     WITH plain_soon AS (
         SELECT
@@ -3675,6 +3688,7 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE

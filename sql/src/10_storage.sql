@@ -68,6 +68,11 @@ CREATE TABLE dq_messages (
 -- autovacuum: 91 ms against 2.1 ms for a poll of 100 and its ack beside
 -- 200,000 messages. Every statement of theirs has an index (or row
 -- addresses) to go by.
+-- And with jit = off (1.2), wherever enable_seqscan is off: a statement
+-- that runs inside these functions and must scan a table anyway (a fold of
+-- dq_counts, a user's trigger on dq_messages) is priced at 10^10 under
+-- enable_seqscan = off, above every JIT threshold, and was compiled on
+-- every run: 60-90 ms a fold. pgtap/00_install.sql checks the pairing.
 -- pgtap/10_plans.sql checks that these plans stay on the indexes.
 
 -- One message per (queue, key): what offers decide created / updated /

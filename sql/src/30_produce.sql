@@ -65,6 +65,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -354,6 +355,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 BEGIN
     INSERT INTO @extschema@.dq_messages (

@@ -11,6 +11,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -119,6 +120,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -186,6 +188,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
@@ -267,6 +270,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -322,6 +326,7 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -126,6 +126,7 @@ CREATE FUNCTION dq__dead_queue_stats(queue text) RETURNS TABLE (dead bigint, las
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
     SELECT count(*), max(d.failed_at)
     FROM @extschema@.dq_dead_letters AS d
@@ -230,6 +231,7 @@ CREATE FUNCTION dq__redrive_keyed(queue text, key text, id bigint, at timestampt
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE

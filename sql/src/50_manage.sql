@@ -258,6 +258,7 @@ CREATE FUNCTION dq__queue_stats(queue text) RETURNS TABLE (
 LANGUAGE sql VOLATILE  -- it reads dq_now, which can raise (20_checks.sql)
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
     SELECT
         count(*) FILTER (WHERE m.due_at <= n.now_at),
@@ -292,6 +293,7 @@ CREATE FUNCTION dq__queue_head(queue text, now_at timestamptz, until_at timestam
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
     WITH plain_soon AS (
         SELECT
@@ -539,6 +541,7 @@ LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET jit = off  -- see 10_storage.sql
 AS $$
 #variable_conflict use_column
 DECLARE
