@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from pgdq import AsyncQueue, install, shard
+from pgdq import AsyncClient, AsyncQueue, install, shard
 from pgdq._script import plain_sql, released_install_script
 from psycopg import sql
 from psycopg.types.json import Jsonb
@@ -204,7 +204,24 @@ class PgdqKeyless(Pgdq):
         await h.send(payload)
 
 
-class PgdqReleased(Pgdq):
+class PgdqOlderSql(Pgdq):
+    """pgdq's SQL of an earlier version through today's wrapper, acking through
+    an AsyncClient: a Queue's lock-token calls pass its queue (1.2), which the
+    older SQL has no signature for."""
+
+    async def open(self, conninfo: str) -> Any:
+        queue = await super().open(conninfo)
+        queue.bench_client = AsyncClient(queue._source)
+        return queue
+
+    async def ack_batch(self, h: Any, tokens: list[Any]) -> None:
+        await h.bench_client.ack_many(tokens)
+
+    async def ack_one(self, h: Any, token: Any) -> None:
+        await h.bench_client.ack(token)
+
+
+class PgdqReleased(PgdqOlderSql):
     """pgdq 1.0.0's SQL as released, through today's wrapper: what each change
     since the first release bought (or cost), in the same run."""
 
@@ -218,7 +235,7 @@ class PgdqReleased(Pgdq):
 BEFORE_CHANNELS = Path(__file__).resolve().parent / "baselines/pgdq-1.1-before-channels.sql"
 
 
-class PgdqBeforeChannels(Pgdq):
+class PgdqBeforeChannels(PgdqOlderSql):
     """pgdq 1.1 as it was just before channels and priority (a frozen copy of
     its SQL), through today's wrapper: what channels cost a plain queue."""
 

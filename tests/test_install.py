@@ -22,6 +22,7 @@ import pytest
 from conftest import DB, dsn, recreate_database
 from pgdq import AlreadyInstalled, InvalidArgument, PgdqError, Queue, install, uninstall
 from pgdq._script import KEPT_TABLES, SEQUENCES, TABLES, grants_script, quote_ident, released_install_script
+from pgdq.errors import translate
 from pgdq.install import ServerWarning, installed_version, upgrade
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,6 +55,21 @@ def functions_in(conn: psycopg.Connection[Any], schema: str) -> int:
     ).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def test_a_schema_without_pgdq_is_sql_missing_and_other_errors_stay_psycopgs(scratch: str) -> None:
+    """A pgdq call into a schema that lacks pgdq is the typed SqlMissing with
+    what to do; a missing function that is not pgdq's keeps psycopg's error."""
+    with psycopg.connect(scratch, autocommit=True) as conn:
+        conn.execute('CREATE SCHEMA "no pgdq"')
+        with pytest.raises(pgdq.SqlMissing, match=r"^function no pgdq\.dq_offer\(.*pgdq upgrade") as e:
+            Queue("q", conn, schema="no pgdq").offer("k", 1)
+        assert e.value.sqlstate == "42883"
+        with pytest.raises(pgdq.SqlMissing, match=r"dq_version\(\) does not exist"):
+            pgdq.Client(conn, schema="no pgdq").version()
+        with pytest.raises(psycopg.errors.UndefinedFunction) as raw:
+            conn.execute("SELECT dqx_version(), no_such_function()")
+        assert translate(raw.value) is raw.value
 
 
 def test_cli_plain_install_into_any_schema(scratch: str) -> None:

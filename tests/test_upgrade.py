@@ -377,15 +377,16 @@ def test_this_client_against_the_released_sql(scratch: str, release: str) -> Non
         assert [(d.key, d.channel, d.priority) for d in got] == [("a", None, 0), ("b", None, 0)]
         info = q.get("a")
         assert info is not None and (info.channel, info.priority) == (None, 0)
-        with pytest.raises(psycopg.errors.UndefinedFunction):
+        with pytest.raises(pgdq.SqlMissing, match=r"dq_ack_many\(uuid\[\], text\) does not exist: .*pgdq upgrade") as e:
             q.ack_many([d.lock_token for d in got])
-        with pytest.raises(psycopg.errors.UndefinedFunction):
+        assert e.value.sqlstate == "42883" and isinstance(e.value.__cause__, psycopg.errors.UndefinedFunction)
+        with pytest.raises(pgdq.SqlMissing, match="needs pgdq's SQL"):
             got[0].ack()
         client = pgdq.Client(conn)
         assert client.extend(got[0].lock_token, 60) is not None
         assert client.ack_many([d.lock_token for d in got]) == 2 and q.next_due() is None
         if release == "1.0.0":
-            with pytest.raises(psycopg.errors.UndefinedFunction):
+            with pytest.raises(pgdq.SqlMissing):
                 q.offer("c", 3, channel="needs-1.1")
 
 

@@ -11,7 +11,15 @@ from ._sync_queue import Client, Delivery, Queue
 from ._version import VERSION
 from .codec import Codec, JsonCodec
 from .cron import AsyncCronService, CronService
-from .errors import AlreadyInstalled, InvalidArgument, NullArgument, PayloadDecodeError, PgdqError, StaleToken
+from .errors import (
+    AlreadyInstalled,
+    InvalidArgument,
+    NullArgument,
+    PayloadDecodeError,
+    PgdqError,
+    SqlMissing,
+    StaleToken,
+)
 from .install import install, uninstall
 from .model import (
     ChannelInfo,
@@ -61,6 +69,7 @@ __all__ = [
     "Retry",
     "Route",
     "Schedule",
+    "SqlMissing",
     "StaleToken",
     "Worker",
     "handler",

@@ -58,9 +58,11 @@ SEQUENCES = ("dq_messages_id_seq", "dq_turns")
 SEQUENCE_GRANTS = {"dq_turns": Grants(producer="", consumer="SELECT, USAGE")}
 # the README's roles, with the functions each is for
 ROLES = {
-    "producer": "dq_offer*, dq_cron_*, dq_schedule*, dq_channel*, dq_dead_list / dq_dead_redrive / dq_dead_purge",
+    "producer": (
+        "dq_offer*, dq_send*, dq_cron_*, dq_schedule*, dq_channel*, dq_dead_list / dq_dead_redrive* / dq_dead_purge*"
+    ),
     "consumer": (
-        "dq_poll*, dq_ack*, dq_nack, dq_extend, dq_dead_letter, dq_configure, dq_get, dq_peek, dq_stats, dq_next_due"
+        "dq_poll*, dq_ack*, dq_nack, dq_extend, dq_dead_letter, dq_configure, dq_get*, dq_peek, dq_stats, dq_next_due"
     ),
 }
 
