@@ -34,7 +34,7 @@ import stats_cost
 from channels import w8_channels
 from common import fresh_db, n, server_ms
 from over_http import w9_http
-from pgdq import AsyncDelivery, Queue, Worker
+from pgdq import AsyncDelivery, Client, Queue, Worker
 from rich.console import Console
 from stats_cost import w11_stats
 from systems import QUEUE, ROUTED, SYSTEMS, System, lateness_times
@@ -289,15 +289,16 @@ def _soak_producer(conninfo: str, rate: int, seconds: float, stop: Any) -> None:
 
 
 def _soak_consumer(conninfo: str, acked: Any, stop: Any) -> None:
-    """Lease and ack in batches until told to stop."""
+    """Lease and ack in batches until told to stop (acks through a Client: a
+    Queue's token calls need 1.2.0 SQL, and the soak also runs older SQL)."""
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        q = Queue(QUEUE, conn)
+        q, client = Queue(QUEUE, conn), Client(conn)
         while not stop.is_set():
             batch = q.poll_many(100, timedelta(seconds=30))
             if not batch:
                 time.sleep(0.005)
                 continue
-            done = q.ack_many([d.lock_token for d in batch])
+            done = client.ack_many([d.lock_token for d in batch])
             with acked.get_lock():
                 acked.value += done
 
