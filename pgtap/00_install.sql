@@ -1,7 +1,7 @@
 -- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
 -- defaults, security settings, the dq_delivery type, dq_now and dq_version.
 BEGIN;
-SELECT plan(116);
+SELECT plan(126);
 
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
@@ -14,9 +14,9 @@ SELECT is(
         'id bigint', 'queue text', 'key text', 'payload jsonb', 'state jsonb',
         'scheduled_at timestamp with time zone', 'created_at timestamp with time zone',
         'attempts integer', 'redelivery boolean', 'lock_token uuid',
-        'lease_until timestamp with time zone', 'channel text', 'priority integer'
+        'lease_until timestamp with time zone', 'channel text', 'priority integer', 'headers jsonb'
     ],
-    'dq_delivery has exactly the api-v1.1 fields in order'
+    'dq_delivery has exactly the api-v1.2 fields in order'
 );
 
 -- signature, result type and defaults of each public function
@@ -35,12 +35,12 @@ CREATE TEMP TABLE expected (fn text, args text, result text);
 INSERT INTO expected VALUES
 (
     'dq_offer',
-    'queue text, key text, payload jsonb, scheduled_at timestamp with time zone DEFAULT NULL::timestamp with time zone, can_update boolean DEFAULT true, channel text DEFAULT NULL::text, priority integer DEFAULT 0',  -- noqa: LT05
+    'queue text, key text, payload jsonb, scheduled_at timestamp with time zone DEFAULT NULL::timestamp with time zone, can_update boolean DEFAULT true, channel text DEFAULT NULL::text, priority integer DEFAULT 0, headers jsonb DEFAULT NULL::jsonb',  -- noqa: LT05
     'text'
 ),
 (
     'dq_offer_many',
-    'queue text, keys text[], payloads jsonb[], scheduled_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], can_update boolean DEFAULT true, channels text[] DEFAULT NULL::text[], priorities integer[] DEFAULT NULL::integer[]',  -- noqa: LT05
+    'queue text, keys text[], payloads jsonb[], scheduled_ats timestamp with time zone[] DEFAULT NULL::timestamp with time zone[], can_update boolean DEFAULT true, channels text[] DEFAULT NULL::text[], priorities integer[] DEFAULT NULL::integer[], headers jsonb[] DEFAULT NULL::jsonb[]',  -- noqa: LT05
     'TABLE(key text, outcome text)'
 ),
 ('dq_poll', 'queue text, lease interval DEFAULT ''00:05:00''::interval', 'SETOF dq_delivery'),
@@ -67,13 +67,13 @@ INSERT INTO expected VALUES
 (
     'dq_get',
     'queue text, key text',
-    'TABLE(queue text, key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, due_at timestamp with time zone, attempts integer, leased boolean, created_at timestamp with time zone, channel text, priority integer)'  -- noqa: LT05
+    'TABLE(queue text, key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, due_at timestamp with time zone, attempts integer, leased boolean, created_at timestamp with time zone, channel text, priority integer, headers jsonb)'  -- noqa: LT05
 ),
 ('dq_purge', 'queue text', 'bigint'),
 (
     'dq_stats',
     'queue text DEFAULT NULL::text',
-    'TABLE(queue text, ready bigint, delayed bigint, leased bigint, oldest_ready_at timestamp with time zone, next_due_at timestamp with time zone)'  -- noqa: LT05
+    'TABLE(queue text, ready bigint, delayed bigint, leased bigint, oldest_ready_at timestamp with time zone, next_due_at timestamp with time zone, paused boolean)'  -- noqa: LT05
 ),
 ('dq_next_due', 'queue text', 'timestamp with time zone'),
 ('dq_version', '', 'text'),
@@ -106,7 +106,7 @@ INSERT INTO expected VALUES
 (
     'dq_peek',
     'queue text, which text DEFAULT NULL::text, max_count integer DEFAULT 100',
-    'TABLE(key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, due_at timestamp with time zone, attempts integer, leased boolean, lease_until timestamp with time zone, last_error text, id bigint)'  -- noqa: LT05
+    'TABLE(key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, due_at timestamp with time zone, attempts integer, leased boolean, lease_until timestamp with time zone, last_error text, id bigint, headers jsonb)'  -- noqa: LT05
 ),
 (
     'dq_read_messages',
@@ -165,7 +165,7 @@ INSERT INTO expected VALUES
 (
     'dq_get_id',
     'queue text, id bigint',
-    'TABLE(queue text, key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, due_at timestamp with time zone, attempts integer, leased boolean, created_at timestamp with time zone, channel text, priority integer)'  -- noqa: LT05
+    'TABLE(queue text, key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, due_at timestamp with time zone, attempts integer, leased boolean, created_at timestamp with time zone, channel text, priority integer, headers jsonb)'  -- noqa: LT05
 ),
 ('dq_cancel_id', 'queue text, id bigint', 'boolean'),
 (
@@ -173,7 +173,21 @@ INSERT INTO expected VALUES
     'queue text, id bigint, scheduled_at timestamp with time zone DEFAULT NULL::timestamp with time zone',
     'bigint'
 ),
-('dq_dead_purge_id', 'queue text, id bigint', 'bigint');
+('dq_dead_purge_id', 'queue text, id bigint', 'bigint'),
+-- pause and resume, history (1.2)
+('dq_pause', 'queue text', 'boolean'),
+('dq_resume', 'queue text', 'boolean'),
+('dq_retain', 'queue text, keep interval', 'void'),
+(
+    'dq_history',
+    'queue text, key text DEFAULT NULL::text, max_count integer DEFAULT 100',
+    'TABLE(queue text, key text, id bigint, outcome text, payload jsonb, state jsonb, channel text, priority integer, created_at timestamp with time zone, scheduled_at timestamp with time zone, last_leased_at timestamp with time zone, finished_at timestamp with time zone, attempts integer, last_error text, headers jsonb)'  -- noqa: LT05
+),
+(
+    'dq_history_stats',
+    'queue text, since timestamp with time zone, bucket interval',
+    'TABLE(bucket_at timestamp with time zone, acked bigint, dead bigint, cancelled bigint, lateness_p50 interval, lateness_p99 interval, run_p50 interval, run_p99 interval)'  -- noqa: LT05
+);
 
 SELECT is(
     (
@@ -291,8 +305,8 @@ SELECT is(
         WHERE e.extname = 'pgdq'
     ),
     ARRAY[
-        'dq_dead_letters', 'dq_groups', 'dq_messages', 'dq_messages_id_seq', 'dq_queues', 'dq_schedules',
-        'dq_turns'
+        'dq_dead_letters', 'dq_groups', 'dq_history', 'dq_history_deltas', 'dq_history_tallies', 'dq_messages',
+        'dq_messages_id_seq', 'dq_queues', 'dq_schedules', 'dq_turns'
     ],
     'pg_dump keeps every table and sequence of an extension install'
 );

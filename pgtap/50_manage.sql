@@ -7,7 +7,7 @@ SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 SELECT is(dq_next_due('t_mng'), NULL, 'dq_next_due of an empty queue is NULL');
 SELECT results_eq(
     $$SELECT * FROM dq_stats('t_mng')$$,
-    $$VALUES ('t_mng'::text, 0::bigint, 0::bigint, 0::bigint, NULL::timestamptz, NULL::timestamptz)$$,
+    $$VALUES ('t_mng'::text, 0::bigint, 0::bigint, 0::bigint, NULL::timestamptz, NULL::timestamptz, FALSE)$$,
     'dq_stats of a named empty queue is one row of zeros'
 );
 SELECT is((
@@ -30,7 +30,7 @@ SELECT set_config('dq.now', '2024-01-01 10:02:00+00', TRUE);  -- expire_me's lea
 SELECT results_eq(
     $$SELECT * FROM dq_stats('t_mng')$$,
     $$VALUES ('t_mng'::text, 3::bigint, 2::bigint, 1::bigint,
-              '2024-01-01 09:00:00+00'::timestamptz, '2024-01-01 11:00:00+00'::timestamptz)$$,
+              '2024-01-01 09:00:00+00'::timestamptz, '2024-01-01 11:00:00+00'::timestamptz, FALSE)$$,
     'ready (expired lease included), delayed, leased, oldest ready and next due'
 );
 SELECT results_eq(
@@ -43,7 +43,7 @@ SELECT results_eq(
     $$SELECT * FROM dq_get('t_mng', 'lease_me')$$,
     $$VALUES ('t_mng'::text, 'lease_me'::text, '5'::jsonb, NULL::jsonb, '2024-01-01 08:00:00+00'::timestamptz,
               '2024-01-01 10:10:00+00'::timestamptz, 1, true, '2024-01-01 10:00:00+00'::timestamptz,
-              NULL::text, 0)$$,
+              NULL::text, 0, NULL::jsonb)$$,
     'dq_get of a leased message: due_at is lease_until, leased is true'
 );
 SELECT is((SELECT leased FROM dq_get('t_mng', 'expire_me')), FALSE, 'leased is false once the lease ran out');

@@ -67,7 +67,7 @@ SELECT is(
     ),
     ARRAY[
         'queue', 'which', 'max_count', 'key', 'payload', 'state', 'scheduled_at', 'due_at', 'attempts', 'leased',
-        'lease_until', 'last_error', 'id'
+        'lease_until', 'last_error', 'id', 'headers'
     ],
     'no lock_token column: a browse never hands out deliveries'
 );

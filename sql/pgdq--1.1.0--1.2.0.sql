@@ -7,14 +7,15 @@
 -- changes is in CHANGELOG.md; tests/test_upgrade.py checks that 1.1.0 plus
 -- the step equals a fresh 1.2.0 install, object for object.
 
--- The step alters dq_schedules, dq_messages and dq_dead_letters under
--- ACCESS EXCLUSIVE locks, held until it commits. They are taken first, and
--- in the order a poll reads the tables (schedules, then messages, then dead
--- letters): a step that built an index under SHARE and only then asked for
+-- The step alters dq_schedules, dq_queues, dq_messages and dq_dead_letters
+-- under ACCESS EXCLUSIVE locks, held until it commits. They are taken
+-- first, and in the order a poll reads the tables (schedules, queues, then
+-- messages, then dead letters): a step that built an index under SHARE and only then asked for
 -- ACCESS EXCLUSIVE deadlocked with polls that held their row locks and
 -- waited to update them (tests/test_upgrade.py). So producers and consumers
 -- wait for the step instead; docs/upgrading.md gives the time.
-LOCK TABLE @extschema@.dq_schedules, @extschema@.dq_messages, @extschema@.dq_dead_letters
+LOCK TABLE @extschema@.dq_schedules, @extschema@.dq_queues, @extschema@.dq_messages,
+    @extschema@.dq_dead_letters
 IN ACCESS EXCLUSIVE MODE;
 
 -- Functions whose arguments changed (CREATE OR REPLACE cannot change them).
@@ -77,7 +78,10 @@ $$;
 ALTER TABLE @extschema@.dq_messages
     DROP CONSTRAINT dq_messages_queue_key,
     ALTER COLUMN key DROP NOT NULL,
-    ADD COLUMN headers jsonb;
+    ADD COLUMN headers jsonb,
+    -- History (1.2): when the last delivery began, and at which due time
+    ADD COLUMN leased_at timestamptz,
+    ADD COLUMN leased_due_at timestamptz;
 ALTER INDEX @extschema@.dq_messages_queue_key_1_2 RENAME TO dq_messages_queue_key;
 CREATE UNIQUE INDEX dq_dead_letters_queue_key ON @extschema@.dq_dead_letters (queue, key)
 WHERE key IS NOT NULL;
@@ -88,9 +92,99 @@ ALTER TABLE @extschema@.dq_dead_letters
     REPLICA IDENTITY FULL;  -- published, it needs one (10_storage.sql)
 
 -- Result columns added (1.2): dq_peek and dq_dead_list end with the
--- message's id, the handle of a keyless message.
+-- message's id, the handle of a keyless message; dq_peek, dq_get and
+-- deliveries with the message's headers; dq_stats with whether the queue is
+-- paused.
 DROP FUNCTION dq_peek(text, text, integer);
 DROP FUNCTION dq_dead_list(text, integer);
+DROP FUNCTION dq_get(text, text);
+DROP FUNCTION dq_stats(text);
+ALTER TYPE @extschema@.dq_delivery ADD ATTRIBUTE headers jsonb;
+
+-- Headers (1.2): offers take a last argument headers, and so do the
+-- functions behind dq_offer_many.
+DROP FUNCTION dq_offer(text, text, jsonb, timestamptz, boolean, text, integer);
+DROP FUNCTION dq_offer_many(text, text[], jsonb[], timestamptz[], boolean, text[], integer[]);
+DROP FUNCTION dq__offer_chain(
+    text[], jsonb[], timestamptz[], text[], integer[], boolean, timestamptz,
+    text[], jsonb[], timestamptz[], text[], integer[]
+);
+DROP FUNCTION dq__check_offer_arrays(text[], jsonb[], timestamptz[], text[], integer[]);
+DROP FUNCTION dq__offer_new(text, text[], jsonb[], timestamptz[], text[], integer[], timestamptz);
+
+-- Pause and resume, history (1.2): per-queue settings.
+ALTER TABLE @extschema@.dq_queues
+    ADD COLUMN paused_at timestamptz,
+    ADD COLUMN retain interval CONSTRAINT dq_queues_retain CHECK (retain > '0' AND retain <= '3650 days'),
+    ADD COLUMN history_keep interval;
+
+-- History (1.2, sql/src/57_history.sql): the records and their tallies,
+-- empty until a queue turns retention on.
+CREATE TABLE @extschema@.dq_history (
+    queue text COLLATE "C" NOT NULL,
+    key text COLLATE "C",
+    id bigint NOT NULL,
+    outcome text NOT NULL CONSTRAINT dq_history_outcome
+        CHECK (outcome IN ('acked', 'dead', 'cancelled', 'purged')),
+    payload jsonb NOT NULL,
+    state jsonb,
+    channel text COLLATE "C" NOT NULL,
+    priority integer NOT NULL,
+    created_at timestamptz NOT NULL,
+    scheduled_at timestamptz NOT NULL,
+    last_leased_at timestamptz,
+    finished_at timestamptz NOT NULL,
+    attempts integer NOT NULL,
+    last_error text,
+    headers jsonb,
+    lateness interval
+) WITH (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0
+);
+CREATE INDEX dq_history_finished ON @extschema@.dq_history (queue, finished_at, id);
+CREATE INDEX dq_history_key ON @extschema@.dq_history (queue, key, finished_at, id)
+WHERE key IS NOT NULL;
+COMMENT ON TABLE @extschema@.dq_history IS
+'pgdq message history (dq_retain). Written by triggers on dq_messages; use dq_history.';
+CREATE TABLE @extschema@.dq_history_deltas (
+    queue text COLLATE "C" NOT NULL,
+    at timestamptz NOT NULL,
+    measure "char" NOT NULL,
+    bin smallint NOT NULL,
+    n bigint NOT NULL
+) WITH (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_cost_delay = 0
+);
+COMMENT ON TABLE @extschema@.dq_history_deltas IS
+'pgdq history tallies not yet folded. Written by triggers on dq_messages; internal.';
+CREATE TABLE @extschema@.dq_history_tallies (
+    queue text COLLATE "C" NOT NULL,
+    width smallint NOT NULL,
+    at timestamptz NOT NULL,
+    measure "char" NOT NULL,
+    bin smallint NOT NULL,
+    n bigint NOT NULL
+) WITH (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0
+);
+CREATE INDEX dq_history_tallies_at ON @extschema@.dq_history_tallies (queue, width, at);
+COMMENT ON TABLE @extschema@.dq_history_tallies IS
+'pgdq history tallies by second and minute. Written by triggers on dq_messages; use dq_history_stats.';
+ALTER TABLE @extschema@.dq_history ENABLE ROW LEVEL SECURITY;
+CREATE POLICY dq_history_unless_isolated ON @extschema@.dq_history
+USING ((SELECT NOT pg_catalog.row_security_active('@extschema@.dq_messages'::regclass)));
+ALTER TABLE @extschema@.dq_history_deltas ENABLE ROW LEVEL SECURITY;
+CREATE POLICY dq_history_deltas_unless_isolated ON @extschema@.dq_history_deltas
+USING ((SELECT NOT pg_catalog.row_security_active('@extschema@.dq_messages'::regclass)));
+ALTER TABLE @extschema@.dq_history_tallies ENABLE ROW LEVEL SECURITY;
+CREATE POLICY dq_history_tallies_unless_isolated ON @extschema@.dq_history_tallies
+USING ((SELECT NOT pg_catalog.row_security_active('@extschema@.dq_messages'::regclass)));
 
 -- Counts behind the overview (1.2, sql/src/12_counts.sql): the table now,
 -- so that the functions reading it can be created; filled and kept by
@@ -234,11 +328,16 @@ $$;
 
 -- After an INSERT into or a DELETE from dq_messages: count the rows it
 -- inserted, or uncount the rows it deleted (both triggers name them
--- changed_rows); now and then fold the counts.
+-- changed_rows); now and then fold the counts. A delete with an outcome
+-- (57_history.sql) is recorded in the history of the queues that keep one.
 CREATE OR REPLACE FUNCTION dq__count_rows() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_outcome text;
+    v_now timestamptz;
+    v_recorded bigint;
 BEGIN
     IF NOT @extschema@.dq__is_count_trigger(TG_RELID, TG_NAME::text, TG_LEVEL, TG_WHEN) THEN
         PERFORM @extschema@.dq__count_refuse(TG_RELID, TG_NAME::text);
@@ -253,6 +352,52 @@ BEGIN
     -- concurrent fold took: writers there never fold
     IF random() < 1.0 / 4096 AND current_setting('transaction_isolation') = 'read committed' THEN
         PERFORM @extschema@.dq__fold_counts();
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        v_outcome := @extschema@.dq__deleting_outcome();
+    END IF;
+    IF v_outcome IS NULL THEN
+        RETURN NULL;
+    END IF;
+
+    -- History (57_history.sql): the records, then their deltas, in one
+    -- statement that writes nothing for a queue without retention.
+    v_now := @extschema@.dq_now();
+    WITH kept AS (
+        INSERT INTO @extschema@.dq_history (
+            queue, key, id, outcome, payload, state, channel, priority, created_at, scheduled_at,
+            last_leased_at, finished_at, attempts, last_error, headers, lateness
+        )
+        SELECT r.queue, r.key, r.id, v_outcome, r.payload, r.state, r.channel, r.priority,
+            r.created_at, r.scheduled_at, r.leased_at, v_now, r.attempts, r.last_error, r.headers,
+            greatest(r.leased_at - r.leased_due_at, interval '0')
+        FROM changed_rows AS r
+        INNER JOIN @extschema@.dq_queues AS q ON q.queue = r.queue
+        WHERE q.retain IS NOT NULL
+        RETURNING queue, outcome, last_leased_at, lateness
+    )
+    INSERT INTO @extschema@.dq_history_deltas (queue, at, measure, bin, n)
+    SELECT k.queue, date_bin('1 second', v_now, 'epoch'), m.measure,
+        CASE m.measure
+            WHEN 'l' THEN @extschema@.dq__duration_bin(k.lateness)
+            WHEN 'r' THEN @extschema@.dq__duration_bin(v_now - k.last_leased_at)
+            ELSE 0::smallint
+        END,
+        count(*)
+    FROM kept AS k
+    CROSS JOIN LATERAL @extschema@.dq__history_measures(k.outcome, k.last_leased_at) AS m (measure)
+    GROUP BY 1, 2, 3, 4;
+    GET DIAGNOSTICS v_recorded = ROW_COUNT;
+    IF v_recorded > 0 AND current_setting('transaction_isolation') = 'read committed' THEN
+        IF random() < 1.0 / 256 THEN
+            PERFORM @extschema@.dq__fold_history();
+        END IF;
+        IF random() < 1.0 / 64 THEN
+            -- twice, on average, what recording adds
+            PERFORM @extschema@.dq__expire_history(
+                least(greatest(128 * (SELECT count(*) FROM changed_rows), 1000), 100000)::integer
+            );
+        END IF;
     END IF;
     RETURN NULL;
 END
@@ -722,7 +867,8 @@ CREATE OR REPLACE FUNCTION dq_offer(
     scheduled_at timestamptz DEFAULT NULL,
     can_update boolean DEFAULT TRUE,
     channel text DEFAULT NULL,
-    priority integer DEFAULT 0
+    priority integer DEFAULT 0,
+    headers jsonb DEFAULT NULL  -- since 1.2
 ) RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -744,21 +890,24 @@ BEGIN
         OR dq_offer.payload IS NULL
         OR dq_offer.can_update IS NULL
         OR NOT @extschema@.dq__valid_time(dq_offer.scheduled_at)
-        OR NOT @extschema@.dq__valid_channel(dq_offer.channel) THEN
+        OR NOT @extschema@.dq__valid_channel(dq_offer.channel)
+        OR NOT @extschema@.dq__valid_headers(dq_offer.headers) THEN
         PERFORM @extschema@.dq__check_queue(dq_offer.queue);
         PERFORM @extschema@.dq__check_key(dq_offer.key, 'key');
         PERFORM @extschema@.dq__null_check(dq_offer.payload IS NULL, 'payload');
         PERFORM @extschema@.dq__null_check(dq_offer.can_update IS NULL, 'can_update');
         PERFORM @extschema@.dq__check_time(dq_offer.scheduled_at, 'scheduled_at');
         PERFORM @extschema@.dq__check_channel(dq_offer.channel, 'channel');
+        PERFORM @extschema@.dq__check_headers(dq_offer.headers, 'headers');
     END IF;
 
     -- ON CONFLICT makes concurrent offers of one key wait for each other
     -- instead of failing: one creates, the others update or ignore.
+    -- (Headers take no part in the decision: an update replaces them.)
     INSERT INTO @extschema@.dq_messages AS m (
-        queue, key, payload, scheduled_at, due_at, created_at, channel, priority
+        queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
     )
-    VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now, v_channel, v_priority)
+    VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now, v_channel, v_priority, dq_offer.headers)
     ON CONFLICT (queue, key) WHERE key IS NOT NULL DO UPDATE
         SET payload = excluded.payload,
             scheduled_at = excluded.scheduled_at,
@@ -769,7 +918,10 @@ BEGIN
             last_error = NULL,
             lock_token = NULL,
             channel = excluded.channel,
-            priority = excluded.priority
+            priority = excluded.priority,
+            headers = excluded.headers,
+            leased_at = NULL,
+            leased_due_at = NULL
         WHERE dq_offer.can_update
             AND m.channel = excluded.channel  -- a move to another channel: below
             AND NOT @extschema@.dq__same_offer(
@@ -788,7 +940,7 @@ BEGIN
             RETURN (
                 SELECT o.outcome FROM @extschema@.dq_offer_many(
                     dq_offer.queue, ARRAY[dq_offer.key], ARRAY[dq_offer.payload], ARRAY[dq_offer.scheduled_at],
-                    TRUE, ARRAY[dq_offer.channel], ARRAY[v_priority]
+                    TRUE, ARRAY[dq_offer.channel], ARRAY[v_priority], ARRAY[dq_offer.headers]
                 ) AS o
             );
         END IF;
@@ -812,19 +964,23 @@ $$;
 -- leaves, plus whether it is its key's last element and whether the key ends
 -- up written. stored_* give the current version of keys that already exist.
 -- channels and priorities: NULL (or a NULL element) means none and 0.
+-- Headers take no part in the outcome: final_headers are those of the last
+-- element that created or updated its message (1.2).
 CREATE OR REPLACE FUNCTION dq__offer_chain(
     keys text[],
     payloads jsonb[],
     scheduled_ats timestamptz[],
     channels text[],
     priorities integer[],
+    headers jsonb[],
     can_update boolean,
     now_at timestamptz,
     stored_keys text[],
     stored_payloads jsonb[],
     stored_ats timestamptz[],
     stored_channels text[],
-    stored_priorities integer[]
+    stored_priorities integer[],
+    stored_headers jsonb[]
 ) RETURNS TABLE (
     elem_ord bigint,
     elem_key text,
@@ -833,6 +989,7 @@ CREATE OR REPLACE FUNCTION dq__offer_chain(
     final_at timestamptz,
     final_channel text,
     final_priority integer,
+    final_headers jsonb,
     is_last boolean,
     had_stored boolean,
     key_written boolean
@@ -842,13 +999,13 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     WITH elems AS (
         SELECT e.ord, e.k COLLATE "C" AS k, e.p, e.s,
-            coalesce(e.c, '') AS c, coalesce(e.pr, 0) AS pr, false AS is_stored
-        FROM unnest(keys, payloads, scheduled_ats, channels, priorities)
-            WITH ORDINALITY AS e (k, p, s, c, pr, ord)
+            coalesce(e.c, '') AS c, coalesce(e.pr, 0) AS pr, e.h, false AS is_stored
+        FROM unnest(keys, payloads, scheduled_ats, channels, priorities, headers)
+            WITH ORDINALITY AS e (k, p, s, c, pr, h, ord)
         UNION ALL
-        SELECT 0, s.k COLLATE "C", s.p, s.s, s.c, s.pr, true
-        FROM unnest(stored_keys, stored_payloads, stored_ats, stored_channels, stored_priorities)
-            AS s (k, p, s, c, pr)
+        SELECT 0, s.k COLLATE "C", s.p, s.s, s.c, s.pr, s.h, true
+        FROM unnest(stored_keys, stored_payloads, stored_ats, stored_channels, stored_priorities, stored_headers)
+            AS s (k, p, s, c, pr, h)
     ),
 
     -- sets_at: the scheduled_at an element leaves behind when it sets one;
@@ -902,29 +1059,42 @@ AS $$
             END AS outcome
         FROM resolved
         WINDOW w AS (PARTITION BY resolved.k ORDER BY resolved.ord)
+    ),
+
+    -- version: how many elements so far created or updated the message
+    versioned AS (
+        SELECT
+            judged.*,
+            count(*) FILTER (WHERE judged.outcome <> 'ignored') OVER w AS version
+        FROM judged
+        WINDOW w AS (PARTITION BY judged.k ORDER BY judged.ord)
     )
 
     SELECT
-        judged.ord,
-        judged.k,
-        judged.outcome,
+        versioned.ord,
+        versioned.k,
+        versioned.outcome,
         -- without can_update the first version stays
-        CASE WHEN can_update THEN judged.p ELSE first_value(judged.p) OVER w END,
-        CASE WHEN can_update THEN judged.at ELSE first_value(judged.at) OVER w END,
-        CASE WHEN can_update THEN judged.c ELSE first_value(judged.c) OVER w END,
-        CASE WHEN can_update THEN judged.pr ELSE first_value(judged.pr) OVER w END,
-        judged.ord = max(judged.ord) OVER k,
-        bool_or(judged.is_stored) OVER k,
-        bool_or(NOT judged.is_stored AND judged.outcome <> 'ignored') OVER k
-    FROM judged
+        CASE WHEN can_update THEN versioned.p ELSE first_value(versioned.p) OVER w END,
+        CASE WHEN can_update THEN versioned.at ELSE first_value(versioned.at) OVER w END,
+        CASE WHEN can_update THEN versioned.c ELSE first_value(versioned.c) OVER w END,
+        CASE WHEN can_update THEN versioned.pr ELSE first_value(versioned.pr) OVER w END,
+        -- the headers of the element that wrote the version in force
+        first_value(versioned.h) OVER v,
+        versioned.ord = max(versioned.ord) OVER k,
+        bool_or(versioned.is_stored) OVER k,
+        bool_or(NOT versioned.is_stored AND versioned.outcome <> 'ignored') OVER k
+    FROM versioned
     WINDOW
-        w AS (PARTITION BY judged.k ORDER BY judged.ord),
-        k AS (PARTITION BY judged.k)
+        w AS (PARTITION BY versioned.k ORDER BY versioned.ord),
+        k AS (PARTITION BY versioned.k),
+        v AS (PARTITION BY versioned.k, versioned.version ORDER BY versioned.ord)
 $$;
 
 -- Raise 22004/22023 unless the offer_many arrays are usable (docs/sql-reference.md).
 CREATE OR REPLACE FUNCTION dq__check_offer_arrays(
-    keys text[], payloads jsonb[], scheduled_ats timestamptz[], channels text[], priorities integer[]
+    keys text[], payloads jsonb[], scheduled_ats timestamptz[], channels text[], priorities integer[],
+    headers jsonb[]
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -938,10 +1108,11 @@ BEGIN
         OR coalesce(array_ndims(payloads), 1) > 1
         OR coalesce(array_ndims(scheduled_ats), 1) > 1
         OR coalesce(array_ndims(channels), 1) > 1
-        OR coalesce(array_ndims(priorities), 1) > 1 THEN
+        OR coalesce(array_ndims(priorities), 1) > 1
+        OR coalesce(array_ndims(headers), 1) > 1 THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
-            MESSAGE = 'pgdq: keys, payloads, scheduled_ats, channels and priorities must be one-dimensional arrays';
+            MESSAGE = 'pgdq: keys, payloads, scheduled_ats, channels, priorities and headers must be one-dimensional arrays';
     END IF;
     IF cardinality(payloads) <> cardinality(keys)
         OR cardinality(scheduled_ats) <> cardinality(keys) THEN
@@ -974,7 +1145,16 @@ BEGIN
     IF v_bad.ord IS NOT NULL THEN
         PERFORM @extschema@.dq__check_key(v_bad.k, format('keys[%s]', v_bad.ord));
     END IF;
+    IF cardinality(headers) <> cardinality(keys) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = format(
+                'pgdq: headers must be NULL or have as many elements as keys (%s), got %s',
+                cardinality(keys), cardinality(headers)
+            );
+    END IF;
     PERFORM @extschema@.dq__check_channel_elements(channels);
+    PERFORM @extschema@.dq__check_headers_elements(headers);
 END
 $$;
 
@@ -1012,6 +1192,7 @@ CREATE OR REPLACE FUNCTION dq__offer_new(
     scheduled_ats timestamptz[],
     channels text[],
     priorities integer[],
+    headers jsonb[],
     now_at timestamptz
 ) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
@@ -1022,13 +1203,13 @@ SET jit = off  -- see 10_storage.sql
 AS $$
 BEGIN
     INSERT INTO @extschema@.dq_messages (
-        queue, key, payload, scheduled_at, due_at, created_at, channel, priority
+        queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
     )
     SELECT
         dq__offer_new.queue, e.k, e.p,
         coalesce(e.s, now_at), coalesce(e.s, now_at), now_at,
-        coalesce(e.c, ''), coalesce(e.pr, 0)
-    FROM unnest(keys, payloads, scheduled_ats, channels, priorities) AS e (k, p, s, c, pr)
+        coalesce(e.c, ''), coalesce(e.pr, 0), e.h
+    FROM unnest(keys, payloads, scheduled_ats, channels, priorities, headers) AS e (k, p, s, c, pr, h)
     ORDER BY e.k COLLATE "C";
     RETURN TRUE;
 EXCEPTION WHEN unique_violation THEN  -- a key exists or repeats: undone
@@ -1089,7 +1270,8 @@ CREATE OR REPLACE FUNCTION dq_offer_many(
     scheduled_ats timestamptz[] DEFAULT NULL,
     can_update boolean DEFAULT TRUE,
     channels text[] DEFAULT NULL,
-    priorities integer[] DEFAULT NULL
+    priorities integer[] DEFAULT NULL,
+    headers jsonb[] DEFAULT NULL  -- since 1.2
 ) RETURNS TABLE (key text, outcome text)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -1106,6 +1288,7 @@ DECLARE
     v_stored_ats timestamptz[];
     v_stored_channels text[];
     v_stored_priorities integer[];
+    v_stored_headers jsonb[];
     v_stored_leased boolean[];   -- held by a valid lease
     v_first_at timestamptz;  -- the earliest due time written
     -- what was written: channel, priority, due time, whether it was an update
@@ -1116,14 +1299,18 @@ DECLARE
 BEGIN
     PERFORM @extschema@.dq__check_queue(v_queue);
     PERFORM @extschema@.dq__null_check(can_update IS NULL, 'can_update');
-    PERFORM @extschema@.dq__check_offer_arrays(keys, payloads, scheduled_ats, channels, priorities);
+    PERFORM @extschema@.dq__check_offer_arrays(
+        keys, payloads, scheduled_ats, channels, priorities, dq_offer_many.headers
+    );
 
     -- The fast path runs in a subtransaction (its EXCEPTION block), so only
     -- a transaction's first write takes it: a transaction never holds more
     -- than one of pgdq's, far below the 64 a backend caches (past them every
     -- other session's snapshots slow down until the transaction ends).
     IF pg_current_xact_id_if_assigned() IS NULL
-        AND @extschema@.dq__offer_new(v_queue, keys, payloads, scheduled_ats, channels, priorities, v_now) THEN
+        AND @extschema@.dq__offer_new(
+            v_queue, keys, payloads, scheduled_ats, channels, priorities, dq_offer_many.headers, v_now
+        ) THEN
         IF cardinality(keys) > 0 AND channels IS NULL AND priorities IS NULL THEN
             PERFORM @extschema@.dq__wake_if_head(v_queue, CASE
                 WHEN scheduled_ats IS NULL THEN v_now
@@ -1151,23 +1338,23 @@ BEGIN
     -- deleted concurrently is waited for and then either created or locked.
     WITH candidates AS (
         -- distinct keys (the usual batch) need no replay
-        SELECT e.k, e.p, coalesce(e.s, v_now) AS at, coalesce(e.c, '') AS c, coalesce(e.pr, 0) AS pr
-        FROM unnest(keys, payloads, scheduled_ats, channels, priorities) AS e (k, p, s, c, pr)
+        SELECT e.k, e.p, coalesce(e.s, v_now) AS at, coalesce(e.c, '') AS c, coalesce(e.pr, 0) AS pr, e.h
+        FROM unnest(keys, payloads, scheduled_ats, channels, priorities, dq_offer_many.headers) AS e (k, p, s, c, pr, h)
         WHERE v_distinct
         UNION ALL
-        SELECT c.elem_key, c.final_payload, c.final_at, c.final_channel, c.final_priority
+        SELECT c.elem_key, c.final_payload, c.final_at, c.final_channel, c.final_priority, c.final_headers
         FROM @extschema@.dq__offer_chain(
-            keys, payloads, scheduled_ats, channels, priorities, can_update, v_now,
-            NULL::text[], NULL::jsonb[], NULL::timestamptz[], NULL::text[], NULL::integer[]
+            keys, payloads, scheduled_ats, channels, priorities, dq_offer_many.headers, can_update, v_now,
+            NULL::text[], NULL::jsonb[], NULL::timestamptz[], NULL::text[], NULL::integer[], NULL::jsonb[]
         ) AS c
         WHERE NOT v_distinct AND c.is_last
     ),
 
     inserted AS (
         INSERT INTO @extschema@.dq_messages AS m (
-            queue, key, payload, scheduled_at, due_at, created_at, channel, priority
+            queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
         )
-        SELECT v_queue, c.k, c.p, c.at, c.at, v_now, c.c, c.pr
+        SELECT v_queue, c.k, c.p, c.at, c.at, v_now, c.c, c.pr, c.h
         FROM candidates AS c
         ORDER BY c.k COLLATE "C"
         ON CONFLICT (queue, key) WHERE key IS NOT NULL DO UPDATE
@@ -1191,9 +1378,10 @@ BEGIN
             array_agg(m.scheduled_at),
             array_agg(m.channel),
             array_agg(m.priority),
+            array_agg(m.headers),
             array_agg(@extschema@.dq__is_leased(m.lock_token, m.due_at, v_now))
         INTO v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities,
-            v_stored_leased
+            v_stored_headers, v_stored_leased
         FROM @extschema@.dq_messages AS m
         INNER JOIN unnest(v_keys) AS p (k) ON m.key = p.k
         WHERE m.queue = v_queue
@@ -1212,10 +1400,14 @@ BEGIN
                 last_error = NULL,
                 lock_token = NULL,
                 channel = c.final_channel,
-                priority = c.final_priority
+                priority = c.final_priority,
+                headers = c.final_headers,
+                leased_at = NULL,
+                leased_due_at = NULL
             FROM @extschema@.dq__offer_chain(
-                keys, payloads, scheduled_ats, channels, priorities, can_update, v_now,
-                v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities
+                keys, payloads, scheduled_ats, channels, priorities, dq_offer_many.headers, can_update, v_now,
+                v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities,
+                v_stored_headers
             ) AS c
             WHERE c.is_last AND c.had_stored AND c.key_written
                 AND m.queue = v_queue AND m.key = c.elem_key
@@ -1257,8 +1449,9 @@ BEGIN
     RETURN QUERY
     SELECT c.elem_key::text, c.outcome
     FROM @extschema@.dq__offer_chain(
-        keys, payloads, scheduled_ats, channels, priorities, can_update, v_now,
-        v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities
+        keys, payloads, scheduled_ats, channels, priorities, dq_offer_many.headers, can_update, v_now,
+        v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities,
+        v_stored_headers
     ) AS c
     WHERE c.elem_ord > 0
     ORDER BY c.elem_ord;
@@ -1294,8 +1487,6 @@ CREATE OR REPLACE FUNCTION dq__check_send_arrays(
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    v_bad record;  -- the first bad element and its position (whatever the lower bound)
 BEGIN
     PERFORM @extschema@.dq__null_check(payloads IS NULL, 'payloads');
     IF coalesce(array_ndims(payloads), 1) > 1
@@ -1323,6 +1514,19 @@ BEGIN
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(payloads, NULL), FALSE, 'payloads');
     PERFORM @extschema@.dq__check_time_elements(scheduled_ats, 'scheduled_ats');
     PERFORM @extschema@.dq__check_channel_elements(channels);
+    PERFORM @extschema@.dq__check_headers_elements(headers);
+END
+$$;
+
+-- Raise 22023 naming the first element of headers that is not a JSON
+-- object, by its position (NULL elements pass: none).
+CREATE OR REPLACE FUNCTION dq__check_headers_elements(headers jsonb[]) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_bad record;
+BEGIN
     SELECT h.h, h.ord INTO v_bad
     FROM unnest(headers) WITH ORDINALITY AS h (h, ord)
     WHERE NOT @extschema@.dq__valid_headers(h.h)
@@ -1457,6 +1661,7 @@ DECLARE
     v_max_attempts integer;  -- dq_configure; NULL: no limit
     v_spent bigint[];        -- picked, but already delivered max_attempts times
     v_grouped boolean;       -- the queue has groups (42_groups.sql)
+    v_paused boolean;        -- dq_pause
 BEGIN
     IF NOT @extschema@.dq__valid_queue(v_queue)
         OR max_count IS NULL
@@ -1473,11 +1678,17 @@ BEGIN
     IF EXISTS (SELECT FROM @extschema@.dq_schedules AS s WHERE s.queue = v_queue AND s.next_at <= v_now) THEN
         PERFORM @extschema@.dq__materialise(v_queue, v_now);
     END IF;
-    -- one statement: its setting, and whether it has channels or priorities
+    -- one statement: its settings, and whether it has channels or priorities
     SELECT
-        (SELECT q.max_attempts FROM @extschema@.dq_queues AS q WHERE q.queue = v_queue),
+        q.max_attempts,
+        q.paused_at IS NOT NULL,
         EXISTS (SELECT FROM @extschema@.dq_groups AS g WHERE g.queue = v_queue AND g.channel = '')
-    INTO v_max_attempts, v_grouped;
+    INTO v_max_attempts, v_paused, v_grouped
+    FROM (SELECT) AS one
+    LEFT JOIN @extschema@.dq_queues AS q ON q.queue = v_queue;
+    IF v_paused THEN  -- dq_pause (1.2): nothing is leased, nothing buried
+        RETURN;
+    END IF;
     IF v_grouped THEN
         RETURN QUERY SELECT * FROM @extschema@.dq__poll_grouped(v_queue, max_count, lease, v_now, v_max_attempts);
         RETURN;
@@ -1517,18 +1728,21 @@ BEGIN
         UPDATE @extschema@.dq_messages AS m
         SET attempts = m.attempts + 1,
             lock_token = @extschema@.dq__token(m.id, (SELECT @extschema@.dq__token_proof())),
-            due_at = v_now + lease
+            due_at = v_now + lease,
+            leased_at = v_now,
+            leased_due_at = m.due_at
         FROM unnest(v_rows) WITH ORDINALITY AS picked (row_at, pos)
         WHERE m.ctid = picked.row_at
         RETURNING
             picked.pos,
             m.id, m.queue, m.key, m.payload, m.state, m.scheduled_at,
-            m.created_at, m.attempts, m.lock_token, m.due_at
+            m.created_at, m.attempts, m.lock_token, m.due_at, m.headers
     )
     SELECT
         l.id, l.queue::text, l.key::text, l.payload, l.state, l.scheduled_at,
         l.created_at, l.attempts, l.attempts > 1, l.lock_token, l.due_at,
-        NULL::text, 0  -- a plain queue's messages have no channel, priority 0
+        NULL::text, 0,  -- a plain queue's messages have no channel, priority 0
+        l.headers
     FROM leased AS l
     ORDER BY l.pos;
 END
@@ -1554,6 +1768,7 @@ $$;
 CREATE OR REPLACE FUNCTION dq_ack(lock_token uuid, queue text DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = 'acked'  -- what the history records (57_history.sql)
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
 SET jit = off  -- see 10_storage.sql
@@ -1622,6 +1837,7 @@ $$;
 CREATE OR REPLACE FUNCTION dq_ack_many(lock_tokens uuid[], queue text DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = 'acked'  -- what the history records (57_history.sql)
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
 SET jit = off  -- see 10_storage.sql
@@ -2556,19 +2772,21 @@ BEGIN
         UPDATE @extschema@.dq_messages AS m
         SET attempts = m.attempts + 1,
             lock_token = @extschema@.dq__token(m.id, (SELECT @extschema@.dq__token_proof())),
-            due_at = now_at + lease
+            due_at = now_at + lease,
+            leased_at = now_at,
+            leased_due_at = m.due_at
         FROM unnest(v_rows) WITH ORDINALITY AS picked (row_at, pos)
         WHERE m.ctid = picked.row_at
         RETURNING
             picked.pos,
             m.id, m.queue, m.key, m.payload, m.state, m.scheduled_at,
-            m.created_at, m.attempts, m.lock_token, m.due_at, m.channel, m.priority
+            m.created_at, m.attempts, m.lock_token, m.due_at, m.channel, m.priority, m.headers
     )
 
     SELECT
         l.id, l.queue::text, l.key::text, l.payload, l.state, l.scheduled_at,
         l.created_at, l.attempts, l.attempts > 1, l.lock_token, l.due_at,
-        nullif(l.channel, '')::text, l.priority
+        nullif(l.channel, '')::text, l.priority, l.headers
     FROM leased AS l
     ORDER BY l.pos;
 END
@@ -2679,6 +2897,7 @@ CREATE OR REPLACE FUNCTION dq__bury(
 ) RETURNS integer
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = 'dead'  -- what the history records (57_history.sql)
 AS $$
     WITH moved AS (
         DELETE FROM @extschema@.dq_messages AS m
@@ -3183,6 +3402,7 @@ $$;
 CREATE OR REPLACE FUNCTION dq__cancel(queue text, id bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = 'cancelled'  -- what the history records (57_history.sql)
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -3214,7 +3434,8 @@ CREATE OR REPLACE FUNCTION dq__get(queue text, id bigint) RETURNS TABLE (
     leased boolean,
     created_at timestamptz,
     channel text,
-    priority integer
+    priority integer,
+    headers jsonb  -- since 1.2
 )
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -3223,7 +3444,7 @@ AS $$
         m.queue::text, m.key::text, m.payload, m.state, m.scheduled_at,
         m.due_at, m.attempts,
         @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at),
-        m.created_at, nullif(m.channel, '')::text, m.priority
+        m.created_at, nullif(m.channel, '')::text, m.priority, m.headers
     FROM @extschema@.dq_messages AS m
     CROSS JOIN @extschema@.dq_now() AS n (now_at)
     WHERE m.id = dq__get.id AND m.queue = dq__get.queue;
@@ -3241,7 +3462,8 @@ CREATE OR REPLACE FUNCTION dq_get(queue text, key text) RETURNS TABLE (
     leased boolean,
     created_at timestamptz,
     channel text,
-    priority integer
+    priority integer,
+    headers jsonb  -- since 1.2
 )
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -3267,7 +3489,8 @@ CREATE OR REPLACE FUNCTION dq_get_id(queue text, id bigint) RETURNS TABLE (
     leased boolean,
     created_at timestamptz,
     channel text,
-    priority integer
+    priority integer,
+    headers jsonb  -- since 1.2
 )
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -3311,7 +3534,8 @@ CREATE OR REPLACE FUNCTION dq_peek(
     leased boolean,
     lease_until timestamptz,
     last_error text,
-    id bigint  -- since 1.2
+    id bigint,  -- since 1.2
+    headers jsonb  -- since 1.2
 )
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -3325,11 +3549,12 @@ AS $$
         l.leased,
         CASE WHEN l.leased THEN m.due_at END,
         m.last_error,
-        m.id
+        m.id,
+        m.headers
     FROM (
         -- the first max_count of each poll index in due order, merged
         (
-            SELECT p.key, p.payload, p.state, p.scheduled_at, p.due_at, p.attempts, p.lock_token, p.last_error, p.id
+            SELECT p.key, p.payload, p.state, p.scheduled_at, p.due_at, p.attempts, p.lock_token, p.last_error, p.id, p.headers
             FROM @extschema@.dq_messages AS p
             CROSS JOIN @extschema@.dq_now() AS n (now_at)
             WHERE p.queue = dq_peek.queue AND p.channel = '' AND p.priority = 0
@@ -3339,7 +3564,7 @@ AS $$
         )
         UNION ALL
         (
-            SELECT g.key, g.payload, g.state, g.scheduled_at, g.due_at, g.attempts, g.lock_token, g.last_error, g.id
+            SELECT g.key, g.payload, g.state, g.scheduled_at, g.due_at, g.attempts, g.lock_token, g.last_error, g.id, g.headers
             FROM @extschema@.dq_messages AS g
             CROSS JOIN @extschema@.dq_now() AS n (now_at)
             WHERE g.queue = dq_peek.queue AND (g.channel <> '' OR g.priority <> 0)
@@ -3358,6 +3583,7 @@ $$;
 CREATE OR REPLACE FUNCTION dq_purge(queue text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = 'purged'  -- what the history records (57_history.sql)
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -3569,6 +3795,23 @@ AS $$
         AND NOT pg_catalog.row_security_active('@extschema@.dq_messages');
 $$;
 
+-- Whether queue is paused (dq_pause); NULL for a caller that may not read
+-- the queues' settings (a role granted only SELECT on dq_messages, whose
+-- dq_stats worked in 1.1 and still does).
+CREATE OR REPLACE FUNCTION dq__paused(queue text) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT has_table_privilege('@extschema@.dq_queues', 'SELECT') THEN
+        RETURN NULL;
+    END IF;
+    RETURN EXISTS (
+        SELECT FROM @extschema@.dq_queues AS q WHERE q.queue = dq__paused.queue AND q.paused_at IS NOT NULL
+    );
+END
+$$;
+
 -- One row per queue with messages, or exactly one row for the named queue.
 CREATE OR REPLACE FUNCTION dq_stats(queue text DEFAULT NULL) RETURNS TABLE (
     queue text,
@@ -3576,28 +3819,32 @@ CREATE OR REPLACE FUNCTION dq_stats(queue text DEFAULT NULL) RETURNS TABLE (
     delayed bigint,
     leased bigint,
     oldest_ready_at timestamptz,
-    next_due_at timestamptz
+    next_due_at timestamptz,
+    paused boolean  -- since 1.2 (dq_pause)
 )
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_queue(dq_stats.queue) WHERE dq_stats.queue IS NOT NULL;
-    -- every queue: from the counts (1.2: one pass over the table)
-    SELECT s.*
-    FROM @extschema@.dq_now() AS n (now_at)
-    CROSS JOIN LATERAL @extschema@.dq__counted_stats(n.now_at) AS s
-    WHERE dq_stats.queue IS NULL AND @extschema@.dq__overview_counted(n.now_at)
-    UNION ALL
-    SELECT s.*
-    FROM @extschema@.dq_now() AS n (now_at)
-    CROSS JOIN LATERAL @extschema@.dq__scanned_stats(n.now_at) AS s
-    WHERE dq_stats.queue IS NULL AND NOT @extschema@.dq__overview_counted(n.now_at)
-    UNION ALL
-    -- a named queue: its messages only, zeros when it has none (1.2: it read every queue)
-    SELECT dq_stats.queue, s.*
-    FROM @extschema@.dq__queue_stats(dq_stats.queue) AS s
-    WHERE dq_stats.queue IS NOT NULL
+    SELECT s.*, @extschema@.dq__paused(s.queue)
+    FROM (
+        -- every queue: from the counts (1.2: one pass over the table)
+        SELECT c.*
+        FROM @extschema@.dq_now() AS n (now_at)
+        CROSS JOIN LATERAL @extschema@.dq__counted_stats(n.now_at) AS c
+        WHERE dq_stats.queue IS NULL AND @extschema@.dq__overview_counted(n.now_at)
+        UNION ALL
+        SELECT c.*
+        FROM @extschema@.dq_now() AS n (now_at)
+        CROSS JOIN LATERAL @extschema@.dq__scanned_stats(n.now_at) AS c
+        WHERE dq_stats.queue IS NULL AND NOT @extschema@.dq__overview_counted(n.now_at)
+        UNION ALL
+        -- a named queue: its messages only, zeros when it has none (1.2: it read every queue)
+        SELECT dq_stats.queue, c.*
+        FROM @extschema@.dq__queue_stats(dq_stats.queue) AS c
+        WHERE dq_stats.queue IS NOT NULL
+    ) AS s
     ORDER BY 1;
 $$;
 
@@ -3681,7 +3928,8 @@ AS $$
     ORDER BY 1;
 $$;
 
--- The earliest due time in queue (leases by their end); NULL when empty.
+-- The earliest due time in queue (leases by their end); NULL when empty
+-- or paused.
 -- With channels: the earliest time a message could be eligible.
 CREATE OR REPLACE FUNCTION dq_next_due(queue text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE
@@ -3696,6 +3944,11 @@ DECLARE
     v_first timestamptz;
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_next_due.queue);
+    -- a paused queue (dq_pause) has nothing due for its consumers
+    -- (as far as the caller may read the queues' settings: dq__paused)
+    IF @extschema@.dq__paused(dq_next_due.queue) THEN
+        RETURN NULL;
+    END IF;
     -- a queue with groups (42_groups.sql), else the first entry of the
     -- queue's range in (queue, due_at, id); one statement either way
     v_first := CASE
@@ -3720,6 +3973,56 @@ BEGIN
             LIMIT 1
         )
     );
+END
+$$;
+
+-- Pause queue: polls lease nothing from it until dq_resume; true when it
+-- was not paused.
+CREATE OR REPLACE FUNCTION dq_pause(queue text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := @extschema@.dq_now();
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_pause.queue);
+    -- a queue already paused keeps its row as it is: no row comes back
+    INSERT INTO @extschema@.dq_queues AS q (queue, paused_at)
+    VALUES (dq_pause.queue, v_now)
+    ON CONFLICT (queue) DO UPDATE SET paused_at = excluded.paused_at
+    WHERE q.paused_at IS NULL;
+    RETURN FOUND;
+END
+$$;
+
+-- Resume a paused queue, waking its idle consumers when it holds a
+-- message; true when it was paused.
+CREATE OR REPLACE FUNCTION dq_resume(queue text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_resume.queue);
+    UPDATE @extschema@.dq_queues AS q SET paused_at = NULL
+    WHERE q.queue = dq_resume.queue AND q.paused_at IS NOT NULL;
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    -- one probe of each poll index
+    IF EXISTS (
+        SELECT FROM @extschema@.dq_messages AS m
+        WHERE m.queue = dq_resume.queue AND m.channel = '' AND m.priority = 0
+    ) OR EXISTS (
+        SELECT FROM @extschema@.dq_messages AS m
+        WHERE m.queue = dq_resume.queue AND (m.channel <> '' OR m.priority <> 0)
+    ) THEN
+        PERFORM @extschema@.dq__wake(dq_resume.queue);
+    END IF;
+    RETURN TRUE;
 END
 $$;
 
@@ -3936,6 +4239,360 @@ BEGIN
         WHERE d.queue = dq_read_bounds.queue;
     END IF;
 END
+$$;
+
+-- The histogram bin of a duration: 0 below 1 ms, else b >= 1 holding
+-- [1.1^(b-1), 1.1^b) ms, so that a bin's middle (dq__bin_duration) is
+-- within 5 % of every duration in it. NULL for NULL.
+CREATE OR REPLACE FUNCTION dq__duration_bin(d interval) RETURNS smallint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN d IS NULL THEN NULL
+        WHEN pg_catalog.date_part('epoch', d) OPERATOR(pg_catalog.<) 0.001 THEN 0
+        ELSE (1 OPERATOR(pg_catalog.+) pg_catalog.floor(
+            pg_catalog.ln(pg_catalog.date_part('epoch', d) OPERATOR(pg_catalog.*) 1000)
+            OPERATOR(pg_catalog./) pg_catalog.ln(1.1::double precision)
+        ))::smallint
+    END
+$$;
+
+-- The duration a histogram bin stands for: its geometric middle (bin 0:
+-- half a millisecond).
+CREATE OR REPLACE FUNCTION dq__bin_duration(bin smallint) RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+        WHEN bin OPERATOR(pg_catalog.=) 0 THEN interval '0.5 milliseconds'
+        ELSE pg_catalog.make_interval(secs => 1.1::double precision
+            OPERATOR(pg_catalog.^) (bin OPERATOR(pg_catalog.-) 0.5) OPERATOR(pg_catalog./) 1000)
+    END
+$$;
+
+-- Fold the history deltas this transaction can lock into per-second and
+-- per-minute tallies, merged with the tallies of the same seconds and
+-- minutes it can lock. Never waits: rows another fold holds are left.
+CREATE OR REPLACE FUNCTION dq__fold_history() RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET jit = off  -- see 12_counts.sql (dq__fold_counts)
+AS $$
+    WITH taken AS (
+        DELETE FROM @extschema@.dq_history_deltas AS d
+        WHERE d.ctid = ANY (ARRAY(SELECT l.ctid FROM @extschema@.dq_history_deltas AS l FOR UPDATE SKIP LOCKED))
+        RETURNING d.queue, d.at, d.measure, d.bin, d.n
+    ),
+    summed AS (
+        SELECT t.queue, w.width, pg_catalog.date_bin(pg_catalog.make_interval(secs => w.width), t.at, 'epoch') AS at,
+            t.measure, t.bin, t.n
+        FROM taken AS t
+        CROSS JOIN (VALUES (1::smallint), (60::smallint)) AS w (width)
+    ),
+    spans AS (
+        SELECT DISTINCT s.queue, s.width, s.at FROM summed AS s
+    ),
+    merged AS (
+        DELETE FROM @extschema@.dq_history_tallies AS y
+        WHERE y.ctid = ANY (ARRAY(
+            SELECT t.ctid
+            FROM @extschema@.dq_history_tallies AS t
+            INNER JOIN spans AS p ON t.queue = p.queue AND t.width = p.width AND t.at = p.at
+            FOR UPDATE OF t SKIP LOCKED
+        ))
+        RETURNING y.queue, y.width, y.at, y.measure, y.bin, y.n
+    )
+    INSERT INTO @extschema@.dq_history_tallies (queue, width, at, measure, bin, n)
+    SELECT a.queue, a.width, a.at, a.measure, a.bin, sum(a.n)
+    FROM (
+        SELECT s.queue, s.width, s.at, s.measure, s.bin, s.n FROM summed AS s
+        UNION ALL
+        SELECT m.queue, m.width, m.at, m.measure, m.bin, m.n FROM merged AS m
+    ) AS a
+    GROUP BY 1, 2, 3, 4, 5;
+$$;
+
+-- Delete up to max_rows records (and as many tallies) older than their
+-- queue's period, per queue, oldest first; rows another expiry holds are
+-- left. Never waits.
+CREATE OR REPLACE FUNCTION dq__expire_history(max_rows integer) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_now timestamptz := @extschema@.dq_now();
+    v_queue record;
+BEGIN
+    FOR v_queue IN
+        SELECT q.queue, q.history_keep FROM @extschema@.dq_queues AS q
+        WHERE q.history_keep IS NOT NULL
+        ORDER BY q.queue
+    LOOP
+        DELETE FROM @extschema@.dq_history AS h
+        WHERE h.ctid = ANY (ARRAY(
+            SELECT o.ctid FROM @extschema@.dq_history AS o
+            WHERE o.queue = v_queue.queue AND o.finished_at < v_now - v_queue.history_keep
+            ORDER BY o.finished_at
+            LIMIT max_rows
+            FOR UPDATE SKIP LOCKED
+        ));
+        DELETE FROM @extschema@.dq_history_tallies AS y
+        WHERE y.ctid = ANY (ARRAY(
+            SELECT o.ctid FROM @extschema@.dq_history_tallies AS o
+            WHERE o.queue = v_queue.queue AND o.width IN (1, 60)
+                AND o.at < v_now - v_queue.history_keep - interval '1 minute'
+            LIMIT max_rows
+            FOR UPDATE SKIP LOCKED
+        ));
+    END LOOP;
+END
+$$;
+
+-- Keep a record of each message of queue that leaves it from now on, for
+-- keep (NULL: stop; records already kept age out as before).
+CREATE OR REPLACE FUNCTION dq_retain(queue text, keep interval) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_retain.queue);
+    IF keep <= interval '0' OR keep > interval '3650 days' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('pgdq: keep must be positive and at most 3650 days, or NULL, got %s', keep);
+    END IF;
+    INSERT INTO @extschema@.dq_queues AS q (queue, retain, history_keep)
+    VALUES (dq_retain.queue, keep, keep)
+    ON CONFLICT (queue) DO UPDATE
+        SET retain = excluded.retain,
+            history_keep = coalesce(excluded.history_keep, q.history_keep);
+END
+$$;
+
+-- queue's records (with key: that key's), newest finish first, ties by id
+-- descending; at most max_count.
+CREATE OR REPLACE FUNCTION dq_history(queue text, key text DEFAULT NULL, max_count integer DEFAULT 100)
+RETURNS TABLE (
+    queue text,
+    key text,
+    id bigint,
+    outcome text,
+    payload jsonb,
+    state jsonb,
+    channel text,
+    priority integer,
+    created_at timestamptz,
+    scheduled_at timestamptz,
+    last_leased_at timestamptz,
+    finished_at timestamptz,
+    attempts integer,
+    last_error text,
+    headers jsonb
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_history.queue);
+    SELECT @extschema@.dq__check_key(dq_history.key, 'key') WHERE dq_history.key IS NOT NULL;
+    SELECT @extschema@.dq__null_check(dq_history.max_count IS NULL, 'max_count');
+    SELECT
+        h.queue::text, h.key::text, h.id, h.outcome, h.payload, h.state, nullif(h.channel, '')::text,
+        h.priority, h.created_at, h.scheduled_at, h.last_leased_at, h.finished_at, h.attempts,
+        h.last_error, h.headers
+    FROM @extschema@.dq_queues AS q
+    CROSS JOIN @extschema@.dq_now() AS n (now_at)
+    CROSS JOIN LATERAL (
+        (
+            SELECT a.* FROM @extschema@.dq_history AS a
+            WHERE dq_history.key IS NULL AND a.queue = q.queue
+                AND a.finished_at >= n.now_at - q.history_keep
+            ORDER BY a.finished_at DESC, a.id DESC
+            LIMIT greatest(dq_history.max_count, 0)
+        )
+        UNION ALL
+        (
+            SELECT k.* FROM @extschema@.dq_history AS k
+            WHERE dq_history.key IS NOT NULL AND k.queue = q.queue AND k.key = dq_history.key
+                AND k.finished_at >= n.now_at - q.history_keep
+            ORDER BY k.finished_at DESC, k.id DESC
+            LIMIT greatest(dq_history.max_count, 0)
+        )
+    ) AS h
+    WHERE q.queue = dq_history.queue AND q.history_keep IS NOT NULL
+    ORDER BY h.finished_at DESC, h.id DESC;
+$$;
+
+-- The percentile p (0 < p <= 1) of a histogram (bins and their counts):
+-- the middle of the bin holding the ceil(p * total)-th duration; NULL when
+-- empty.
+CREATE OR REPLACE FUNCTION dq__histogram_percentile(bins smallint[], counts bigint[], p double precision) RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@.dq__bin_duration(c.bin)
+    FROM (
+        SELECT h.bin,
+            pg_catalog.sum(h.n) OVER (ORDER BY h.bin) AS running,
+            pg_catalog.sum(h.n) OVER () AS total
+        FROM ROWS FROM (pg_catalog.unnest(bins), pg_catalog.unnest(counts)) AS h (bin, n)
+    ) AS c
+    WHERE c.running OPERATOR(pg_catalog.>=) pg_catalog.ceil(p OPERATOR(pg_catalog.*) c.total)
+    ORDER BY c.bin
+    LIMIT 1
+$$;
+
+-- queue's records counted per bucket of bucket (1 second to 1 day),
+-- from the bucket holding since to now, oldest first: buckets with a
+-- record only. From the minute tallies when bucket is whole minutes, the
+-- second tallies when it is whole seconds, else from the records.
+CREATE OR REPLACE FUNCTION dq_history_stats(queue text, since timestamptz, bucket interval)
+RETURNS TABLE (
+    bucket_at timestamptz,
+    acked bigint,
+    dead bigint,
+    cancelled bigint,
+    lateness_p50 interval,
+    lateness_p99 interval,
+    run_p50 interval,
+    run_p99 interval
+)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := @extschema@.dq_now();
+    v_keep interval;
+    v_seconds numeric;
+    v_width smallint;
+    v_from timestamptz;
+    v_cut timestamptz;       -- records finished before it have aged out
+    v_cut_second timestamptz;  -- the first whole second after it (or it)
+    v_cut_width timestamptz;   -- the first whole tally after it (or it)
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_history_stats.queue);
+    PERFORM @extschema@.dq__null_check(since IS NULL, 'since');
+    PERFORM @extschema@.dq__null_check(bucket IS NULL, 'bucket');
+    PERFORM @extschema@.dq__check_time(since, 'since');
+    v_seconds := pg_catalog.date_part('epoch', bucket)::numeric;
+    IF bucket < interval '1 second' OR bucket > interval '1 day' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('pgdq: bucket must be from 1 second to 1 day, got %s', bucket);
+    END IF;
+    v_from := pg_catalog.date_bin(bucket, since, 'epoch');
+    IF since <= v_now AND (pg_catalog.date_part('epoch', v_now) - pg_catalog.date_part('epoch', v_from)) / v_seconds >= 10000 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format(
+                'pgdq: since and bucket must span at most 10000 buckets up to now, got %s buckets of %s',
+                pg_catalog.ceil((pg_catalog.date_part('epoch', v_now) - pg_catalog.date_part('epoch', v_from)) / v_seconds), bucket
+            );
+    END IF;
+    v_keep := (SELECT q.history_keep FROM @extschema@.dq_queues AS q WHERE q.queue = dq_history_stats.queue);
+    IF v_keep IS NULL THEN
+        RETURN;
+    END IF;
+    v_width := CASE
+        WHEN v_seconds % 60 = 0 THEN 60
+        WHEN v_seconds % 1 = 0 THEN 1
+    END;
+    -- what has not aged out: whole tallies after the cut, and the seconds
+    -- between the cut and the first whole tally
+    v_cut := v_now - v_keep;
+    v_cut_second := pg_catalog.date_bin('1 second', v_cut - interval '1 microsecond', 'epoch') + interval '1 second';
+    v_cut_width := pg_catalog.date_bin(
+        make_interval(secs => coalesce(v_width, 1)), v_cut - interval '1 microsecond', 'epoch'
+    ) + make_interval(secs => coalesce(v_width, 1));
+
+    RETURN QUERY
+    WITH counted AS (
+        -- folded tallies of the period
+        SELECT pg_catalog.date_bin(bucket, t.at, 'epoch') AS b, t.measure, t.bin, t.n
+        FROM @extschema@.dq_history_tallies AS t
+        WHERE v_width IS NOT NULL AND t.queue = dq_history_stats.queue AND t.width = v_width
+            AND t.at >= v_from AND t.at >= v_cut_width
+        UNION ALL
+        -- the seconds before the first whole minute after the cut
+        SELECT pg_catalog.date_bin(bucket, t.at, 'epoch') AS b, t.measure, t.bin, t.n
+        FROM @extschema@.dq_history_tallies AS t
+        WHERE v_width = 60 AND t.queue = dq_history_stats.queue AND t.width = 1
+            AND t.at >= v_from AND t.at >= v_cut_second AND t.at < v_cut_width
+        UNION ALL
+        -- and the deltas not yet folded
+        SELECT pg_catalog.date_bin(bucket, d.at, 'epoch'), d.measure, d.bin, d.n
+        FROM @extschema@.dq_history_deltas AS d
+        WHERE v_width IS NOT NULL AND d.queue = dq_history_stats.queue AND d.at >= v_from
+            AND d.at >= v_cut_second
+        UNION ALL
+        -- or the records themselves, for a bucket of a fraction of a second
+        SELECT pg_catalog.date_bin(bucket, r.finished_at, 'epoch'), m.measure,
+            CASE m.measure
+                WHEN 'l' THEN @extschema@.dq__duration_bin(r.lateness)
+                WHEN 'r' THEN @extschema@.dq__duration_bin(r.finished_at - r.last_leased_at)
+                ELSE 0::smallint
+            END,
+            1::bigint
+        FROM @extschema@.dq_history AS r
+        CROSS JOIN LATERAL @extschema@.dq__history_measures(r.outcome, r.last_leased_at) AS m (measure)
+        WHERE v_width IS NULL AND r.queue = dq_history_stats.queue AND r.finished_at >= v_from
+            AND r.finished_at >= v_cut
+    ),
+    binned AS (
+        SELECT c.b, c.measure, c.bin, sum(c.n)::bigint AS n
+        FROM counted AS c
+        GROUP BY 1, 2, 3
+    )
+    SELECT
+        x.b,
+        coalesce(sum(x.n) FILTER (WHERE x.measure = 'a'), 0)::bigint,
+        coalesce(sum(x.n) FILTER (WHERE x.measure = 'd'), 0)::bigint,
+        coalesce(sum(x.n) FILTER (WHERE x.measure = 'c'), 0)::bigint,
+        @extschema@.dq__histogram_percentile(
+            array_agg(x.bin) FILTER (WHERE x.measure = 'l'), array_agg(x.n) FILTER (WHERE x.measure = 'l'), 0.5),
+        @extschema@.dq__histogram_percentile(
+            array_agg(x.bin) FILTER (WHERE x.measure = 'l'), array_agg(x.n) FILTER (WHERE x.measure = 'l'), 0.99),
+        @extschema@.dq__histogram_percentile(
+            array_agg(x.bin) FILTER (WHERE x.measure = 'r'), array_agg(x.n) FILTER (WHERE x.measure = 'r'), 0.5),
+        @extschema@.dq__histogram_percentile(
+            array_agg(x.bin) FILTER (WHERE x.measure = 'r'), array_agg(x.n) FILTER (WHERE x.measure = 'r'), 0.99)
+    FROM binned AS x
+    WHERE x.b <= v_now
+    GROUP BY x.b
+    HAVING sum(x.n) FILTER (WHERE x.measure IN ('a', 'd', 'c', 'p')) > 0
+    ORDER BY x.b;
+END
+$$;
+
+-- The measures one record counts in: its outcome ('a', 'd', 'c' or 'p'),
+-- and for an acked or dead message that was delivered its lateness ('l')
+-- and run time ('r').
+CREATE OR REPLACE FUNCTION dq__history_measures(outcome text, last_leased_at timestamptz) RETURNS SETOF "char"  -- noqa: RF06
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.left(outcome, 1)::"char"
+    UNION ALL
+    SELECT m.measure
+    FROM (VALUES ('l'::"char"), ('r'::"char")) AS m (measure)
+    WHERE outcome OPERATOR(pg_catalog.=) ANY (ARRAY['acked', 'dead'])
+        AND last_leased_at IS NOT NULL
+$$;
+
+-- Whether a statement's deletes are recorded, and with which outcome: the
+-- dq.outcome its function set ('acked', 'dead', 'cancelled', 'purged');
+-- NULL for any other delete.
+CREATE OR REPLACE FUNCTION dq__deleting_outcome() RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT o.outcome
+    FROM (SELECT pg_catalog.current_setting('dq.outcome', true) AS outcome) AS o
+    WHERE o.outcome OPERATOR(pg_catalog.=) ANY (ARRAY['acked', 'dead', 'cancelled', 'purged'])
 $$;
 
 -- Raise 22004/22023 unless part is 1..max_length characters without '/'.
@@ -4799,7 +5456,9 @@ WHERE NOT @extschema@.dq__valid_time(next_at)
 -- Every role that may read the messages may read their counts (SELECT on
 -- dq_counts, what dq_stats() of every queue reads since 1.2; PUBLIC
 -- included): it learns nothing it could not count itself, and a role under
--- row-level security on dq_messages sees no count (the policy above).
+-- row-level security on dq_messages sees no count (the policy above). And
+-- their history (dq_history and its tallies, 1.2), which holds what the
+-- messages held when they left, under the same policy.
 -- Names come from the catalog, quoted.
 DO $carry_over$
 DECLARE
@@ -4814,10 +5473,37 @@ BEGIN
             AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
             AND a.privilege_type OPERATOR(pg_catalog.=) 'SELECT'
     LOOP
-        EXECUTE pg_catalog.format('GRANT SELECT ON @extschema@.dq_counts TO %s', v_grantee);
+        EXECUTE pg_catalog.format(
+            'GRANT SELECT ON @extschema@.dq_counts, @extschema@.dq_history, @extschema@.dq_history_deltas, '
+            '@extschema@.dq_history_tallies TO %s',
+            v_grantee
+        );
     END LOOP;
 END
 $carry_over$;
+
+-- History (1.2) is users' data: pg_dump keeps it in an extension install,
+-- as it keeps the messages.
+DO $extension_only$
+BEGIN
+    IF EXISTS (
+        SELECT FROM pg_catalog.pg_extension AS e
+        INNER JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+        WHERE e.extname OPERATOR(pg_catalog.=) 'pgdq'
+            AND n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()
+    ) THEN
+        PERFORM pg_catalog.pg_extension_config_dump(
+            pg_catalog.format('%I.dq_history', pg_catalog.current_schema())::pg_catalog.regclass, ''
+        );
+        PERFORM pg_catalog.pg_extension_config_dump(
+            pg_catalog.format('%I.dq_history_deltas', pg_catalog.current_schema())::pg_catalog.regclass, ''
+        );
+        PERFORM pg_catalog.pg_extension_config_dump(
+            pg_catalog.format('%I.dq_history_tallies', pg_catalog.current_schema())::pg_catalog.regclass, ''
+        );
+    END IF;
+END
+$extension_only$;
 
 -- Counts behind the overview (1.2): the messages as they are now, one
 -- row per (queue, due bin, leased), then the triggers that keep them. One

@@ -73,7 +73,7 @@ def test_poll_ack_cycle(q: Queue) -> None:
     assert q.get("now") is None
     later = q.get("later")
     assert later is not None
-    assert q.stats() == QueueStats(q.name, 0, 1, 0, None, later.scheduled_at)
+    assert q.stats() == QueueStats(q.name, 0, 1, 0, None, later.scheduled_at, False)
 
 
 def test_nack_extend_and_stale(q: Queue) -> None:

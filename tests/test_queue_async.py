@@ -82,7 +82,7 @@ async def test_poll_ack_cycle(aq: AsyncQueue) -> None:
     assert await aq.get("now") is None
     later = await aq.get("later")
     assert later is not None
-    assert await aq.stats() == QueueStats(aq.name, 0, 1, 0, None, later.scheduled_at)
+    assert await aq.stats() == QueueStats(aq.name, 0, 1, 0, None, later.scheduled_at, False)
 
 
 async def test_nack_extend_and_stale(aq: AsyncQueue) -> None:

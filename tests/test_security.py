@@ -107,7 +107,7 @@ def isolate(conninfo: str, *, version: str | None = None) -> None:
     def of_version(statements: list[str]) -> list[str]:
         if version != "1.0.0":
             return statements
-        return [s for s in statements if not any(t in s for t in ("dq_groups", "dq_turns", "dq_counts"))]
+        return [s for s in statements if not any(t in s for t in ("dq_groups", "dq_turns", "dq_counts", "dq_history"))]
 
     with connect(conninfo) as admin:
         for statement in of_version(readme_grants()):
@@ -175,6 +175,11 @@ CALLS = {
     "dq_cancel_id": "SELECT dq_cancel_id(%(q)s, 1)",
     "dq_dead_redrive_id": "SELECT dq_dead_redrive_id(%(q)s, 1)",
     "dq_dead_purge_id": "SELECT dq_dead_purge_id(%(q)s, 1)",
+    "dq_pause": "SELECT dq_pause(%(q)s)",
+    "dq_resume": "SELECT dq_resume(%(q)s)",
+    "dq_retain": "SELECT dq_retain(%(q)s, '1 day')",
+    "dq_history": "SELECT * FROM dq_history(%(q)s)",
+    "dq_history_stats": "SELECT * FROM dq_history_stats(%(q)s, now() - interval '1 hour', '1 minute')",
 }
 
 
@@ -367,7 +372,7 @@ def test_another_tenants_queues_look_empty_and_stay_intact(isolated: str) -> Non
         # reads find nothing
         assert rows(t, "SELECT * FROM dq_get(%s, 'ready')", b) == []
         assert all(r[0].startswith("payroll/") for r in rows(t, "SELECT queue FROM dq_stats()"))
-        assert rows(t, "SELECT * FROM dq_stats(%s)", b) == [(b, 0, 0, 0, None, None)]
+        assert rows(t, "SELECT * FROM dq_stats(%s)", b) == [(b, 0, 0, 0, None, None, False)]
         assert value(t, "SELECT count(*) FROM dq_counts") == 0, "no count of any queue (1.2)"
         assert value(t, "SELECT dq_next_due(%s)", b) is None
         assert rows(t, "SELECT * FROM dq_poll_many(%s, 10)", b) == []

@@ -244,9 +244,14 @@ def test_a_live_database_upgrades_with_everything_in_it(scratch: str, kind: str)
         assert [row[8:] for row in after["dq_schedules"]] == [(None, None, 0, None)]
         after["dq_schedules"] = [row[:8] for row in after["dq_schedules"]]
         # and last_error, channel ('' for none) and priority to dq_messages, as its last
-        # columns, and 1.2 headers
-        assert [row[-4:] for row in after["dq_messages"]] == [(None, "", 0, None)] * len(before["dq_messages"])
-        after["dq_messages"] = [row[:-4] for row in after["dq_messages"]]
+        # columns, and 1.2 headers, leased_at and leased_due_at
+        assert [row[-6:] for row in after["dq_messages"]] == [(None, "", 0, None, None, None)] * len(
+            before["dq_messages"]
+        )
+        after["dq_messages"] = [row[:-6] for row in after["dq_messages"]]
+        # 1.2 added paused_at, retain and history_keep to dq_queues
+        assert [row[-3:] for row in after["dq_queues"]] == [(None, None, None)]
+        after["dq_queues"] = [row[:-3] for row in after["dq_queues"]]
         # and channel and priority to dq_dead_letters, and 1.2 headers
         assert [row[-3:] for row in after["dq_dead_letters"]] == [("", 0, None)]
         after["dq_dead_letters"] = [row[:-3] for row in after["dq_dead_letters"]]
@@ -277,9 +282,12 @@ def test_a_live_1_1_0_database_upgrades_with_everything_in_it(scratch: str, kind
         upgrade_to_current(conn, kind, version="1.1.0")  # while the consumer holds its leases
 
         after = snapshot(conn, tables)
-        for table in ("dq_messages", "dq_dead_letters"):  # 1.2 added headers, as their last column
-            assert [row[-1] for row in after[table]] == [None] * len(before[table])
-            after[table] = [row[:-1] for row in after[table]]
+        # 1.2 added columns last: headers to dq_messages and dq_dead_letters,
+        # leased_at and leased_due_at to dq_messages, paused_at, retain and
+        # history_keep to dq_queues
+        for table, added in (("dq_messages", 3), ("dq_dead_letters", 1), ("dq_queues", 3)):
+            assert [row[-added:] for row in after[table]] == [(None,) * added] * len(before[table])
+            after[table] = [row[:-added] for row in after[table]]
         assert after == before, "the upgrade changed no row"
         assert consumer.execute("SELECT dq_ack(%s, 'live')", (channel_token,)).fetchone() == (False,), (
             "1.2: a token given another queue is stale"

@@ -43,6 +43,11 @@ TABLES = {
     "dq_dead_letters": Grants(producer="SELECT, UPDATE, DELETE", consumer="SELECT, INSERT, UPDATE"),
     "dq_schedules": Grants(producer=ALL, consumer="SELECT, UPDATE"),
     "dq_groups": Grants(producer="SELECT, INSERT, UPDATE", consumer=ALL),
+    # written only by pgdq's triggers, as its owner (sql/src/57_history.sql)
+    # (read with the queues' settings, which only the consumer may read)
+    "dq_history": Grants(producer="", consumer="SELECT"),
+    "dq_history_deltas": Grants(producer="", consumer="SELECT"),
+    "dq_history_tallies": Grants(producer="", consumer="SELECT"),
 }
 # The tables pgdq keeps itself, through triggers that run as its owner
 # (sql/src/12_counts.sql): granted and dropped like TABLES, but not
@@ -62,7 +67,8 @@ ROLES = {
         "dq_offer*, dq_send*, dq_cron_*, dq_schedule*, dq_channel*, dq_dead_list / dq_dead_redrive* / dq_dead_purge*"
     ),
     "consumer": (
-        "dq_poll*, dq_ack*, dq_nack, dq_extend, dq_dead_letter, dq_configure, dq_get*, dq_peek, dq_stats, dq_next_due"
+        "dq_poll*, dq_ack*, dq_nack, dq_extend, dq_dead_letter, dq_configure, dq_get*, dq_peek, dq_stats, dq_next_due,"
+        " dq_pause, dq_resume, dq_retain, dq_history*"
     ),
 }
 

@@ -32,7 +32,7 @@ _HEADERS_ARRAY = (
 
 # method name -> statement; {fn} is replaced by the (schema-qualified) function,
 # dq_ and the method name without these suffixes (variants of one function)
-_VARIANTS = ("_grouped", "_in_queue")
+_VARIANTS = ("_grouped", "_headed", "_in_queue")
 _TEMPLATES: dict[str, str] = {
     # plain offers call the 1.0 signatures, so this client works against 1.0.0 SQL
     "offer": "SELECT {fn}(%s, %s, %s::jsonb, %s, %s)",
@@ -42,6 +42,13 @@ _TEMPLATES: dict[str, str] = {
     "offer_many_grouped": "SELECT o.outcome FROM {fn}(%s, %s::text[], "
     + _PAYLOAD_ARRAY
     + ", %s::timestamptz[], %s, %s::text[], %s::integer[]) AS o",
+    # with headers (1.2)
+    "offer_headed": "SELECT {fn}(%s, %s, %s::jsonb, %s, %s, %s, %s, %s::jsonb)",
+    "offer_many_headed": "SELECT o.outcome FROM {fn}(%s, %s::text[], "
+    + _PAYLOAD_ARRAY
+    + ", %s::timestamptz[], %s, %s::text[], %s::integer[], "
+    + _HEADERS_ARRAY
+    + ") AS o",
     # keyless messages (1.2): sent, never deduplicated, addressed by id
     "send": "SELECT {fn}(%s, %s::jsonb, %s::timestamptz, %s::text, %s::integer, %s::jsonb)",
     "send_many": "SELECT s.id FROM {fn}(%s, "
@@ -92,6 +99,12 @@ _TEMPLATES: dict[str, str] = {
     "channels": "SELECT * FROM {fn}(%s)",
     # snapshot reads (pgdq.spark): payload and state as JSON text, as Spark takes them
     "read_bounds": "SELECT b.low, b.high FROM {fn}(%s, %s::text) AS b",
+    # pause and resume, history (1.2)
+    "pause": "SELECT {fn}(%s)",
+    "resume": "SELECT {fn}(%s)",
+    "retain": "SELECT {fn}(%s, %s::interval)",
+    "history": "SELECT * FROM {fn}(%s, %s::text, %s::integer)",
+    "history_stats": "SELECT * FROM {fn}(%s, %s::timestamptz, %s::interval)",
     "read_messages": "SELECT r.id, r.queue, r.key, r.payload::text, r.state::text, r.scheduled_at, r.due_at,"
     " r.created_at, r.attempts, r.leased FROM {fn}(%s::text, %s::bigint, %s::bigint) AS r",
     "read_dead_letters": "SELECT r.id, r.queue, r.key, r.payload::text, r.state::text, r.scheduled_at,"
@@ -184,36 +197,53 @@ def _json_text(value: Any, name: str) -> str:
 
 
 class Batch(NamedTuple):
-    """offer_many's arrays: a list per column, None for a column no element sets."""
+    """offer_many's arrays: a list per column, None for a column no element
+    sets (headers as one JSON array document, as send_many's)."""
 
     keys: list[Any]
     payloads: list[Any]
     times: list[datetime | None] | None
     channels: list[str | None] | None
     priorities: list[int] | None
+    headers: str | None = None
 
 
 def split_messages(messages: Iterable[Message | tuple[Any, ...]]) -> Batch:
-    """The arrays of a batch: keys, payloads, aware times, channels, priorities."""
+    """The arrays of a batch: keys, payloads, aware times, channels, priorities, headers."""
     keys: list[Any] = []
     payloads: list[Any] = []
     times: list[datetime | None] = []
     channels: list[str | None] = []
     priorities: list[int] = []
+    headers_: list[Mapping[str, Any] | None] = []
     for i, item in enumerate(messages):
-        key, payload, at, channel, level = item if isinstance(item, Message) else Message(*item)
+        key, payload, at, channel, level, meta = item if isinstance(item, Message) else Message(*item)
         keys.append(key)
         payloads.append(payload)
         times.append(None if at is None else aware(at, f"messages[{i}].scheduled_at"))
         channels.append(channel)
         priorities.append(priority(level, f"messages[{i}].priority"))
+        headers_.append(meta)
     return Batch(
         keys,
         payloads,
         times if any(t is not None for t in times) else None,
         channels if any(c is not None for c in channels) else None,
         priorities if any(priorities) else None,
+        _headers_document(headers_, "messages[{}].headers"),
     )
+
+
+def _headers_document(values: Sequence[Mapping[str, Any] | None], name: str) -> str | None:
+    """A batch's headers as one JSON array document (JSON null for an
+    element without), or None when no element has any; name is the
+    element's name with {} for its position."""
+    if all(h is None for h in values):
+        return None
+    for i, h in enumerate(values):
+        if h is not None and not isinstance(h, Mapping):
+            raise InvalidArgument(f"{name.format(i)} must be a dict (a JSON object) or None, got {type(h).__name__}")
+    return _json_text([None if h is None else dict(h) for h in values], "headers")
 
 
 class SendBatch(NamedTuple):
@@ -262,12 +292,7 @@ def split_sends(
     levels = None
     if given_priorities is not None:
         levels = [priority(level, f"priorities[{i}]") for i, level in enumerate(given_priorities)]
-    document = None
-    if given_headers is not None and any(h is not None for h in given_headers):
-        for i, h in enumerate(given_headers):
-            if h is not None and not isinstance(h, Mapping):
-                raise InvalidArgument(f"headers[{i}] must be a dict (a JSON object) or None, got {type(h).__name__}")
-        document = _json_text([None if h is None else dict(h) for h in given_headers], "headers")
+    document = None if given_headers is None else _headers_document(given_headers, "headers[{}]")
     return SendBatch(
         values,
         times,

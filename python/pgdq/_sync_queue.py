@@ -26,6 +26,8 @@ from .model import (
     DeadLetterStats,
     DecodedPayload,
     DueHour,
+    HistoryBucket,
+    HistoryRecord,
     Message,
     MessageInfo,
     OfferOutcome,
@@ -50,6 +52,7 @@ class Delivery(DecodedPayload):
     codec's exception as its __cause__) and reading payload raises it.
     Dead-letter such a delivery (the Worker does), or ack or nack it.
     key is None for a keyless message (sent, not offered: 1.2); id names it.
+    headers are the message's (1.2; None: none, or older SQL).
     """
 
     id: int
@@ -66,6 +69,7 @@ class Delivery(DecodedPayload):
     channel: str | None  # None: no channel
     priority: int
     source: Queue = field(repr=False, compare=False)
+    headers: dict[str, Any] | None = None
     decode_error: PayloadDecodeError | None = field(default=None, compare=False)
     _decoded: Any = field(default=None, repr=False, compare=False)
 
@@ -122,6 +126,19 @@ def _dead_id(rest: list[Any]) -> int | None:
     """The id of a dq_dead_list row's fields after its payload (1.2: the
     last of seven; None from older SQL)."""
     return rest[6] if len(rest) > 6 else None
+
+
+# How many leading columns of a row this client knows: newer SQL adds
+# columns last (api-v1.2), which a row built by position must not take.
+_STATS_COLUMNS = 7  # dq_stats: ..., next_due_at, paused (1.2)
+_INFO_COLUMNS = 12  # dq_get: ..., channel, priority (1.1), headers (1.2)
+_PEEK_COLUMNS = 11  # dq_peek: ..., last_error, id, headers (1.2)
+_HISTORY_COLUMNS = 15  # dq_history (1.2)
+
+
+def _stats(row: tuple[Any, ...]) -> QueueStats:
+    """A QueueStats of a dq_stats row (paused None from older SQL)."""
+    return QueueStats(*row[:_STATS_COLUMNS])
 
 
 def _schedules(codec: Codec, rows: list[tuple[Any, ...]]) -> list[Schedule]:
@@ -253,7 +270,7 @@ class Client(_Base):
 
     def stats(self, queue: str | None = None, *, conn: Connection[Any] | None = None) -> list[QueueStats]:
         """Ready, delayed and leased counts of every queue (of queue, if given), by name (dq_stats)."""
-        return [QueueStats(*row) for row in self._rows("stats", (queue,), conn)]
+        return [_stats(row) for row in self._rows("stats", (queue,), conn)]
 
     def dead_stats(self, queue: str | None = None, *, conn: Connection[Any] | None = None) -> list[DeadLetterStats]:
         """Dead-letter counts of every queue that has some (of queue, if given), by name (dq_dead_stats)."""
@@ -307,7 +324,8 @@ class Queue(_Base):
         """A delivery built straight from a dq_delivery row (positionally: its
         fields are in the row's order); a payload the codec rejects becomes its decode_error."""
         id_, queue, key, payload, state, scheduled_at, created_at, attempts, redelivery, token, until = row[:11]
-        channel, level = row[11:] or (None, 0)  # 1.0.0 SQL has neither
+        channel, level = row[11:13] or (None, 0)  # 1.0.0 SQL has neither
+        headers = row[13] if len(row) > 13 else None  # 1.2
         return Delivery(
             id_,
             queue,
@@ -323,6 +341,7 @@ class Queue(_Base):
             channel,
             level,
             self,
+            headers,
             **_decoding(self.codec, payload, queue, key, id_),
         )
 
@@ -337,13 +356,18 @@ class Queue(_Base):
         can_update: bool = True,
         channel: str | None = None,
         priority: int = 0,
+        headers: Mapping[str, Any] | None = None,
         conn: Connection[Any] | None = None,
     ) -> OfferOutcome:
         """Offer one message (dq_offer): created, updated or ignored. channel
         groups it (the queue shares its polls fairly between channels and holds
         each to its limits: set_channel); priority orders it within its group,
-        highest first."""
+        highest first; headers a dict (a JSON object) kept with it, replaced
+        by an update, kept by an ignored offer (1.2)."""
         params = (self.name, key, self.codec.dumps(payload), st.aware(scheduled_at, "scheduled_at"), can_update)
+        if headers is not None:
+            grouped = (*params, channel, st.priority(priority), st.headers(headers))
+            return OfferOutcome(self._value("offer_headed", grouped, conn))
         if channel is None and (not st.priority(priority)):
             return OfferOutcome(self._value("offer", params, conn))
         return OfferOutcome(self._value("offer_grouped", (*params, channel, priority), conn))
@@ -356,10 +380,13 @@ class Queue(_Base):
         conn: Connection[Any] | None = None,
     ) -> list[OfferResult]:
         """Offer a batch (dq_offer_many): one result per element, in order.
-        Elements are Messages or tuples (key, payload[, scheduled_at[, channel[, priority]]])."""
+        Elements are Messages or tuples (key, payload[, scheduled_at[, channel[, priority[, headers]]]])."""
         batch = st.split_messages(messages)
         params = (self.name, batch.keys, dumps_array(self.codec, batch.payloads), batch.times, can_update)
-        if batch.channels is None and batch.priorities is None:
+        if batch.headers is not None:
+            headed = (*params, batch.channels, batch.priorities, batch.headers)
+            rows = self._rows("offer_many_headed", headed, conn)
+        elif batch.channels is None and batch.priorities is None:
             rows = self._rows("offer_many", params, conn)
         else:
             rows = self._rows("offer_many_grouped", (*params, batch.channels, batch.priorities), conn)
@@ -453,7 +480,7 @@ class Queue(_Base):
         rows = self._rows("get", (self.name, key), conn)
         if not rows:
             return None
-        queue, key_, payload, *rest = rows[0]
+        queue, key_, payload, *rest = rows[0][:_INFO_COLUMNS]
         return MessageInfo(queue, key_, payload, *rest, **_decoding(self.codec, payload, queue, key_))
 
     def get_id(self, id: int, *, conn: Connection[Any] | None = None) -> MessageInfo | None:
@@ -462,7 +489,7 @@ class Queue(_Base):
         rows = self._rows("get_id", (self.name, st.message_id(id)), conn)
         if not rows:
             return None
-        queue, key, payload, *rest = rows[0]
+        queue, key, payload, *rest = rows[0][:_INFO_COLUMNS]
         return MessageInfo(queue, key, payload, *rest, **_decoding(self.codec, payload, queue, key, id))
 
     def cancel_id(self, id: int, *, conn: Connection[Any] | None = None) -> bool:
@@ -487,13 +514,14 @@ class Queue(_Base):
     def _peeked(self, row: tuple[Any, ...]) -> PeekedMessage:
         """A peeked message of a dq_peek row (its fields in the row's order);
         an undecodable payload becomes its decode_error."""
-        id_ = row[9] if len(row) > 9 else None  # 1.2: the id, last of ten
-        return PeekedMessage(self.name, *row, **_decoding(self.codec, row[1], self.name, row[0], id_))
+        id_ = row[9] if len(row) > 9 else None  # 1.2: the id, tenth
+        fields = row[:_PEEK_COLUMNS]
+        return PeekedMessage(self.name, *fields, **_decoding(self.codec, row[1], self.name, row[0], id_))
 
     def stats(self, *, conn: Connection[Any] | None = None) -> QueueStats:
         """Ready, delayed and leased counts of the queue (dq_stats)."""
         (found,) = self._rows("stats", (self.name,), conn)
-        return QueueStats(*found)
+        return _stats(found)
 
     def due_hours(self, hours: int = 24, *, conn: Connection[Any] | None = None) -> list[DueHour]:
         """Messages falling due in each of the next hours hours, a leased one at its lease's end (dq_due_hours)."""
@@ -503,6 +531,47 @@ class Queue(_Base):
         """The earliest due time in the queue (leases by their end), or None."""
         due: datetime | None = self._value("next_due", (self.name,), conn)
         return due
+
+    def pause(self, *, conn: Connection[Any] | None = None) -> bool:
+        """Pause the queue: polls lease nothing from it until resume; True
+        when it was not paused (dq_pause, 1.2). Offers, acks and the rest work."""
+        return bool(self._value("pause", (self.name,), conn))
+
+    def resume(self, *, conn: Connection[Any] | None = None) -> bool:
+        """Resume a paused queue, waking its idle consumers; True when it
+        was paused (dq_resume, 1.2)."""
+        return bool(self._value("resume", (self.name,), conn))
+
+    # history
+
+    def retain(self, keep: st.Lease | None, *, conn: Connection[Any] | None = None) -> None:
+        """Keep a record of each message that leaves the queue from now on,
+        for keep (timedelta or seconds; None: stop, records already kept age
+        out as before) (dq_retain, 1.2)."""
+        self._rows("retain", (self.name, st.lease(keep, "keep")), conn)
+
+    def history(
+        self, key: str | None = None, max_count: int = 100, *, conn: Connection[Any] | None = None
+    ) -> list[HistoryRecord]:
+        """Up to max_count records of messages that left the queue (key's
+        only, if given), newest finish first (dq_history, 1.2)."""
+        rows = self._rows("history", (self.name, key, max_count), conn)
+        return [self._record(row[:_HISTORY_COLUMNS]) for row in rows]
+
+    def _record(self, row: tuple[Any, ...]) -> HistoryRecord:
+        """A HistoryRecord of a dq_history row; an undecodable payload becomes its decode_error."""
+        queue, key, id_, outcome, payload, *rest = row
+        decoded = _decoding(self.codec, payload, queue, key, id_)
+        return HistoryRecord(queue, key, id_, outcome, payload, *rest, **decoded)
+
+    def history_stats(
+        self, since: datetime, bucket: st.Lease, *, conn: Connection[Any] | None = None
+    ) -> list[HistoryBucket]:
+        """The queue's records per bucket (timedelta or seconds, 1 second to
+        1 day) from the bucket holding since to now, oldest first: outcomes,
+        lateness and run-time percentiles (dq_history_stats, 1.2)."""
+        params = (self.name, st.aware(since, "since"), st.lease(bucket, "bucket"))
+        return [HistoryBucket(*row[:8]) for row in self._rows("history_stats", params, conn)]
 
     # channels
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -20,13 +21,15 @@ class OfferOutcome(enum.StrEnum):
 
 class Message(NamedTuple):
     """One element of offer_many: key, payload, optional aware due time,
-    channel (None: none) and priority (higher first within its group)."""
+    channel (None: none), priority (higher first within its group) and
+    headers (a dict kept with the message; 1.2)."""
 
     key: str
     payload: Any
     scheduled_at: datetime | None = None
     channel: str | None = None
     priority: int = 0
+    headers: Mapping[str, Any] | None = None
 
 
 class OfferResult(NamedTuple):
@@ -71,6 +74,7 @@ class MessageInfo(DecodedPayload):
     created_at: datetime
     channel: str | None = None  # since 1.1
     priority: int = 0
+    headers: dict[str, Any] | None = None  # since 1.2
     decode_error: PayloadDecodeError | None = field(default=None, compare=False)
     _decoded: Any = field(default=None, repr=False, compare=False)
 
@@ -99,13 +103,15 @@ class PeekedMessage(DecodedPayload):
     lease_until: datetime | None
     last_error: str | None
     id: int | None = None  # since 1.2
+    headers: dict[str, Any] | None = None  # since 1.2
     decode_error: PayloadDecodeError | None = field(default=None, compare=False)
     _decoded: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
 class QueueStats:
-    """One row of dq_stats."""
+    """One row of dq_stats; paused (1.2) is None from older SQL, or for a
+    role that may not read the queues' settings."""
 
     queue: str
     ready: int
@@ -113,6 +119,49 @@ class QueueStats:
     leased: int
     oldest_ready_at: datetime | None
     next_due_at: datetime | None
+    paused: bool | None = None
+
+
+@dataclass(frozen=True)
+class HistoryRecord(DecodedPayload):
+    """A message that left its queue, as its history kept it (one row of
+    dq_history, 1.2): outcome is 'acked', 'dead', 'cancelled' or 'purged';
+    last_leased_at is when its last delivery began (None: never delivered)."""
+
+    queue: str
+    key: str | None
+    id: int
+    outcome: str
+    raw_payload: Any
+    state: Any
+    channel: str | None
+    priority: int
+    created_at: datetime
+    scheduled_at: datetime
+    last_leased_at: datetime | None
+    finished_at: datetime
+    attempts: int
+    last_error: str | None
+    headers: dict[str, Any] | None
+    decode_error: PayloadDecodeError | None = field(default=None, compare=False)
+    _decoded: Any = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class HistoryBucket:
+    """One row of dq_history_stats (1.2): the records that finished in the
+    bucket from bucket_at, by outcome, and the percentiles of lateness (a
+    delivery's start minus its due time) and run time (finish minus the last
+    delivery's start) of the acked and dead ones (None: none delivered)."""
+
+    bucket_at: datetime
+    acked: int
+    dead: int
+    cancelled: int
+    lateness_p50: timedelta | None
+    lateness_p99: timedelta | None
+    run_p50: timedelta | None
+    run_p99: timedelta | None
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,15 @@
 -- changes is in CHANGELOG.md; tests/test_upgrade.py checks that 1.1.0 plus
 -- the step equals a fresh 1.2.0 install, object for object.
 
--- The step alters dq_schedules, dq_messages and dq_dead_letters under
--- ACCESS EXCLUSIVE locks, held until it commits. They are taken first, and
--- in the order a poll reads the tables (schedules, then messages, then dead
--- letters): a step that built an index under SHARE and only then asked for
+-- The step alters dq_schedules, dq_queues, dq_messages and dq_dead_letters
+-- under ACCESS EXCLUSIVE locks, held until it commits. They are taken
+-- first, and in the order a poll reads the tables (schedules, queues, then
+-- messages, then dead letters): a step that built an index under SHARE and only then asked for
 -- ACCESS EXCLUSIVE deadlocked with polls that held their row locks and
 -- waited to update them (tests/test_upgrade.py). So producers and consumers
 -- wait for the step instead; docs/upgrading.md gives the time.
-LOCK TABLE @extschema@.dq_schedules, @extschema@.dq_messages, @extschema@.dq_dead_letters
+LOCK TABLE @extschema@.dq_schedules, @extschema@.dq_queues, @extschema@.dq_messages,
+    @extschema@.dq_dead_letters
 IN ACCESS EXCLUSIVE MODE;
 
 -- Functions whose arguments changed (CREATE OR REPLACE cannot change them).
@@ -74,7 +75,10 @@ $$;
 ALTER TABLE @extschema@.dq_messages
     DROP CONSTRAINT dq_messages_queue_key,
     ALTER COLUMN key DROP NOT NULL,
-    ADD COLUMN headers jsonb;
+    ADD COLUMN headers jsonb,
+    -- History (1.2): when the last delivery began, and at which due time
+    ADD COLUMN leased_at timestamptz,
+    ADD COLUMN leased_due_at timestamptz;
 ALTER INDEX @extschema@.dq_messages_queue_key_1_2 RENAME TO dq_messages_queue_key;
 CREATE UNIQUE INDEX dq_dead_letters_queue_key ON @extschema@.dq_dead_letters (queue, key)
 WHERE key IS NOT NULL;
@@ -85,9 +89,99 @@ ALTER TABLE @extschema@.dq_dead_letters
     REPLICA IDENTITY FULL;  -- published, it needs one (10_storage.sql)
 
 -- Result columns added (1.2): dq_peek and dq_dead_list end with the
--- message's id, the handle of a keyless message.
+-- message's id, the handle of a keyless message; dq_peek, dq_get and
+-- deliveries with the message's headers; dq_stats with whether the queue is
+-- paused.
 DROP FUNCTION dq_peek(text, text, integer);
 DROP FUNCTION dq_dead_list(text, integer);
+DROP FUNCTION dq_get(text, text);
+DROP FUNCTION dq_stats(text);
+ALTER TYPE @extschema@.dq_delivery ADD ATTRIBUTE headers jsonb;
+
+-- Headers (1.2): offers take a last argument headers, and so do the
+-- functions behind dq_offer_many.
+DROP FUNCTION dq_offer(text, text, jsonb, timestamptz, boolean, text, integer);
+DROP FUNCTION dq_offer_many(text, text[], jsonb[], timestamptz[], boolean, text[], integer[]);
+DROP FUNCTION dq__offer_chain(
+    text[], jsonb[], timestamptz[], text[], integer[], boolean, timestamptz,
+    text[], jsonb[], timestamptz[], text[], integer[]
+);
+DROP FUNCTION dq__check_offer_arrays(text[], jsonb[], timestamptz[], text[], integer[]);
+DROP FUNCTION dq__offer_new(text, text[], jsonb[], timestamptz[], text[], integer[], timestamptz);
+
+-- Pause and resume, history (1.2): per-queue settings.
+ALTER TABLE @extschema@.dq_queues
+    ADD COLUMN paused_at timestamptz,
+    ADD COLUMN retain interval CONSTRAINT dq_queues_retain CHECK (retain > '0' AND retain <= '3650 days'),
+    ADD COLUMN history_keep interval;
+
+-- History (1.2, sql/src/57_history.sql): the records and their tallies,
+-- empty until a queue turns retention on.
+CREATE TABLE @extschema@.dq_history (
+    queue text COLLATE "C" NOT NULL,
+    key text COLLATE "C",
+    id bigint NOT NULL,
+    outcome text NOT NULL CONSTRAINT dq_history_outcome
+        CHECK (outcome IN ('acked', 'dead', 'cancelled', 'purged')),
+    payload jsonb NOT NULL,
+    state jsonb,
+    channel text COLLATE "C" NOT NULL,
+    priority integer NOT NULL,
+    created_at timestamptz NOT NULL,
+    scheduled_at timestamptz NOT NULL,
+    last_leased_at timestamptz,
+    finished_at timestamptz NOT NULL,
+    attempts integer NOT NULL,
+    last_error text,
+    headers jsonb,
+    lateness interval
+) WITH (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0
+);
+CREATE INDEX dq_history_finished ON @extschema@.dq_history (queue, finished_at, id);
+CREATE INDEX dq_history_key ON @extschema@.dq_history (queue, key, finished_at, id)
+WHERE key IS NOT NULL;
+COMMENT ON TABLE @extschema@.dq_history IS
+'pgdq message history (dq_retain). Written by triggers on dq_messages; use dq_history.';
+CREATE TABLE @extschema@.dq_history_deltas (
+    queue text COLLATE "C" NOT NULL,
+    at timestamptz NOT NULL,
+    measure "char" NOT NULL,
+    bin smallint NOT NULL,
+    n bigint NOT NULL
+) WITH (
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_cost_delay = 0
+);
+COMMENT ON TABLE @extschema@.dq_history_deltas IS
+'pgdq history tallies not yet folded. Written by triggers on dq_messages; internal.';
+CREATE TABLE @extschema@.dq_history_tallies (
+    queue text COLLATE "C" NOT NULL,
+    width smallint NOT NULL,
+    at timestamptz NOT NULL,
+    measure "char" NOT NULL,
+    bin smallint NOT NULL,
+    n bigint NOT NULL
+) WITH (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0
+);
+CREATE INDEX dq_history_tallies_at ON @extschema@.dq_history_tallies (queue, width, at);
+COMMENT ON TABLE @extschema@.dq_history_tallies IS
+'pgdq history tallies by second and minute. Written by triggers on dq_messages; use dq_history_stats.';
+ALTER TABLE @extschema@.dq_history ENABLE ROW LEVEL SECURITY;
+CREATE POLICY dq_history_unless_isolated ON @extschema@.dq_history
+USING ((SELECT NOT pg_catalog.row_security_active('@extschema@.dq_messages'::regclass)));
+ALTER TABLE @extschema@.dq_history_deltas ENABLE ROW LEVEL SECURITY;
+CREATE POLICY dq_history_deltas_unless_isolated ON @extschema@.dq_history_deltas
+USING ((SELECT NOT pg_catalog.row_security_active('@extschema@.dq_messages'::regclass)));
+ALTER TABLE @extschema@.dq_history_tallies ENABLE ROW LEVEL SECURITY;
+CREATE POLICY dq_history_tallies_unless_isolated ON @extschema@.dq_history_tallies
+USING ((SELECT NOT pg_catalog.row_security_active('@extschema@.dq_messages'::regclass)));
 
 -- Counts behind the overview (1.2, sql/src/12_counts.sql): the table now,
 -- so that the functions reading it can be created; filled and kept by
@@ -161,7 +255,9 @@ WHERE NOT @extschema@.dq__valid_time(next_at)
 -- Every role that may read the messages may read their counts (SELECT on
 -- dq_counts, what dq_stats() of every queue reads since 1.2; PUBLIC
 -- included): it learns nothing it could not count itself, and a role under
--- row-level security on dq_messages sees no count (the policy above).
+-- row-level security on dq_messages sees no count (the policy above). And
+-- their history (dq_history and its tallies, 1.2), which holds what the
+-- messages held when they left, under the same policy.
 -- Names come from the catalog, quoted.
 DO $carry_over$
 DECLARE
@@ -176,10 +272,37 @@ BEGIN
             AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
             AND a.privilege_type OPERATOR(pg_catalog.=) 'SELECT'
     LOOP
-        EXECUTE pg_catalog.format('GRANT SELECT ON @extschema@.dq_counts TO %s', v_grantee);
+        EXECUTE pg_catalog.format(
+            'GRANT SELECT ON @extschema@.dq_counts, @extschema@.dq_history, @extschema@.dq_history_deltas, '
+            '@extschema@.dq_history_tallies TO %s',
+            v_grantee
+        );
     END LOOP;
 END
 $carry_over$;
+
+-- History (1.2) is users' data: pg_dump keeps it in an extension install,
+-- as it keeps the messages.
+DO $extension_only$
+BEGIN
+    IF EXISTS (
+        SELECT FROM pg_catalog.pg_extension AS e
+        INNER JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+        WHERE e.extname OPERATOR(pg_catalog.=) 'pgdq'
+            AND n.nspname OPERATOR(pg_catalog.=) pg_catalog.current_schema()
+    ) THEN
+        PERFORM pg_catalog.pg_extension_config_dump(
+            pg_catalog.format('%I.dq_history', pg_catalog.current_schema())::pg_catalog.regclass, ''
+        );
+        PERFORM pg_catalog.pg_extension_config_dump(
+            pg_catalog.format('%I.dq_history_deltas', pg_catalog.current_schema())::pg_catalog.regclass, ''
+        );
+        PERFORM pg_catalog.pg_extension_config_dump(
+            pg_catalog.format('%I.dq_history_tallies', pg_catalog.current_schema())::pg_catalog.regclass, ''
+        );
+    END IF;
+END
+$extension_only$;
 
 -- Counts behind the overview (1.2): the messages as they are now, one
 -- row per (queue, due bin, leased), then the triggers that keep them. One

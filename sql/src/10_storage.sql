@@ -38,9 +38,15 @@ CREATE TABLE dq_messages (
     -- every other one in dq_messages_grouped (42_groups.sql).
     channel text COLLATE "C" NOT NULL DEFAULT '',
     priority integer NOT NULL DEFAULT 0,
-    -- Since 1.2: the metadata a keyless send carried (a JSON object); NULL:
-    -- none.
-    headers jsonb
+    -- Since 1.2: the metadata the message carries (a JSON object: dq_send's
+    -- or dq_offer's headers); NULL: none.
+    headers jsonb,
+    -- Since 1.2: when its current or last delivery began, and the due time
+    -- it was delivered at; NULL: never delivered (or delivered before 1.2).
+    -- A lease writes them in the row it rewrites anyway; a message that
+    -- leaves a queue with history takes them along (57_history.sql).
+    leased_at timestamptz,
+    leased_due_at timestamptz
 ) WITH (
     -- Every lease, nack and extend moves due_at, an indexed column, so those
     -- updates are never HOT and each one leaves a dead tuple behind. Free
@@ -121,7 +127,8 @@ CREATE TYPE dq_delivery AS (
     lock_token uuid,
     lease_until timestamptz,
     channel text,       -- since 1.1; NULL: none
-    priority integer    -- since 1.1
+    priority integer,   -- since 1.1
+    headers jsonb       -- since 1.2; NULL: none
 );
 
 -- The time dq.now pins the clock to (STRICT: never called when it is unset);
@@ -173,7 +180,15 @@ CREATE TABLE dq_queues (
     -- The most deliveries a message of this queue gets: a due message that
     -- has had this many is moved to the dead letters by the next poll instead
     -- of being delivered again (its consumers kept dying). NULL: no limit.
-    max_attempts integer CONSTRAINT dq_queues_max_attempts CHECK (max_attempts > 0)
+    max_attempts integer CONSTRAINT dq_queues_max_attempts CHECK (max_attempts > 0),
+    -- Since 1.2 (dq_pause): when the queue was paused; NULL: it is not.
+    -- Polls of a paused queue lease nothing.
+    paused_at timestamptz,
+    -- Since 1.2 (dq_retain): how long a record of each message that leaves
+    -- the queue is kept; NULL: none is made. history_keep is the period its
+    -- records age out by: the last retain set, kept when it is turned off.
+    retain interval CONSTRAINT dq_queues_retain CHECK (retain > '0' AND retain <= '3650 days'),
+    history_keep interval
 );
 
 COMMENT ON TABLE dq_queues IS

@@ -133,11 +133,16 @@ $$;
 
 -- After an INSERT into or a DELETE from dq_messages: count the rows it
 -- inserted, or uncount the rows it deleted (both triggers name them
--- changed_rows); now and then fold the counts.
+-- changed_rows); now and then fold the counts. A delete with an outcome
+-- (57_history.sql) is recorded in the history of the queues that keep one.
 CREATE FUNCTION dq__count_rows() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    v_outcome text;
+    v_now timestamptz;
+    v_recorded bigint;
 BEGIN
     IF NOT @extschema@.dq__is_count_trigger(TG_RELID, TG_NAME::text, TG_LEVEL, TG_WHEN) THEN
         PERFORM @extschema@.dq__count_refuse(TG_RELID, TG_NAME::text);
@@ -152,6 +157,52 @@ BEGIN
     -- concurrent fold took: writers there never fold
     IF random() < 1.0 / 4096 AND current_setting('transaction_isolation') = 'read committed' THEN
         PERFORM @extschema@.dq__fold_counts();
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        v_outcome := @extschema@.dq__deleting_outcome();
+    END IF;
+    IF v_outcome IS NULL THEN
+        RETURN NULL;
+    END IF;
+
+    -- History (57_history.sql): the records, then their deltas, in one
+    -- statement that writes nothing for a queue without retention.
+    v_now := @extschema@.dq_now();
+    WITH kept AS (
+        INSERT INTO @extschema@.dq_history (
+            queue, key, id, outcome, payload, state, channel, priority, created_at, scheduled_at,
+            last_leased_at, finished_at, attempts, last_error, headers, lateness
+        )
+        SELECT r.queue, r.key, r.id, v_outcome, r.payload, r.state, r.channel, r.priority,
+            r.created_at, r.scheduled_at, r.leased_at, v_now, r.attempts, r.last_error, r.headers,
+            greatest(r.leased_at - r.leased_due_at, interval '0')
+        FROM changed_rows AS r
+        INNER JOIN @extschema@.dq_queues AS q ON q.queue = r.queue
+        WHERE q.retain IS NOT NULL
+        RETURNING queue, outcome, last_leased_at, lateness
+    )
+    INSERT INTO @extschema@.dq_history_deltas (queue, at, measure, bin, n)
+    SELECT k.queue, date_bin('1 second', v_now, 'epoch'), m.measure,
+        CASE m.measure
+            WHEN 'l' THEN @extschema@.dq__duration_bin(k.lateness)
+            WHEN 'r' THEN @extschema@.dq__duration_bin(v_now - k.last_leased_at)
+            ELSE 0::smallint
+        END,
+        count(*)
+    FROM kept AS k
+    CROSS JOIN LATERAL @extschema@.dq__history_measures(k.outcome, k.last_leased_at) AS m (measure)
+    GROUP BY 1, 2, 3, 4;
+    GET DIAGNOSTICS v_recorded = ROW_COUNT;
+    IF v_recorded > 0 AND current_setting('transaction_isolation') = 'read committed' THEN
+        IF random() < 1.0 / 256 THEN
+            PERFORM @extschema@.dq__fold_history();
+        END IF;
+        IF random() < 1.0 / 64 THEN
+            -- twice, on average, what recording adds
+            PERFORM @extschema@.dq__expire_history(
+                least(greatest(128 * (SELECT count(*) FROM changed_rows), 1000), 100000)::integer
+            );
+        END IF;
     END IF;
     RETURN NULL;
 END

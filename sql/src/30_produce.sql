@@ -59,7 +59,8 @@ CREATE FUNCTION dq_offer(
     scheduled_at timestamptz DEFAULT NULL,
     can_update boolean DEFAULT TRUE,
     channel text DEFAULT NULL,
-    priority integer DEFAULT 0
+    priority integer DEFAULT 0,
+    headers jsonb DEFAULT NULL  -- since 1.2
 ) RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -81,21 +82,24 @@ BEGIN
         OR dq_offer.payload IS NULL
         OR dq_offer.can_update IS NULL
         OR NOT @extschema@.dq__valid_time(dq_offer.scheduled_at)
-        OR NOT @extschema@.dq__valid_channel(dq_offer.channel) THEN
+        OR NOT @extschema@.dq__valid_channel(dq_offer.channel)
+        OR NOT @extschema@.dq__valid_headers(dq_offer.headers) THEN
         PERFORM @extschema@.dq__check_queue(dq_offer.queue);
         PERFORM @extschema@.dq__check_key(dq_offer.key, 'key');
         PERFORM @extschema@.dq__null_check(dq_offer.payload IS NULL, 'payload');
         PERFORM @extschema@.dq__null_check(dq_offer.can_update IS NULL, 'can_update');
         PERFORM @extschema@.dq__check_time(dq_offer.scheduled_at, 'scheduled_at');
         PERFORM @extschema@.dq__check_channel(dq_offer.channel, 'channel');
+        PERFORM @extschema@.dq__check_headers(dq_offer.headers, 'headers');
     END IF;
 
     -- ON CONFLICT makes concurrent offers of one key wait for each other
     -- instead of failing: one creates, the others update or ignore.
+    -- (Headers take no part in the decision: an update replaces them.)
     INSERT INTO @extschema@.dq_messages AS m (
-        queue, key, payload, scheduled_at, due_at, created_at, channel, priority
+        queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
     )
-    VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now, v_channel, v_priority)
+    VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now, v_channel, v_priority, dq_offer.headers)
     ON CONFLICT (queue, key) WHERE key IS NOT NULL DO UPDATE
         SET payload = excluded.payload,
             scheduled_at = excluded.scheduled_at,
@@ -106,7 +110,10 @@ BEGIN
             last_error = NULL,
             lock_token = NULL,
             channel = excluded.channel,
-            priority = excluded.priority
+            priority = excluded.priority,
+            headers = excluded.headers,
+            leased_at = NULL,
+            leased_due_at = NULL
         WHERE dq_offer.can_update
             AND m.channel = excluded.channel  -- a move to another channel: below
             AND NOT @extschema@.dq__same_offer(
@@ -125,7 +132,7 @@ BEGIN
             RETURN (
                 SELECT o.outcome FROM @extschema@.dq_offer_many(
                     dq_offer.queue, ARRAY[dq_offer.key], ARRAY[dq_offer.payload], ARRAY[dq_offer.scheduled_at],
-                    TRUE, ARRAY[dq_offer.channel], ARRAY[v_priority]
+                    TRUE, ARRAY[dq_offer.channel], ARRAY[v_priority], ARRAY[dq_offer.headers]
                 ) AS o
             );
         END IF;
@@ -149,19 +156,23 @@ $$;
 -- leaves, plus whether it is its key's last element and whether the key ends
 -- up written. stored_* give the current version of keys that already exist.
 -- channels and priorities: NULL (or a NULL element) means none and 0.
+-- Headers take no part in the outcome: final_headers are those of the last
+-- element that created or updated its message (1.2).
 CREATE FUNCTION dq__offer_chain(
     keys text[],
     payloads jsonb[],
     scheduled_ats timestamptz[],
     channels text[],
     priorities integer[],
+    headers jsonb[],
     can_update boolean,
     now_at timestamptz,
     stored_keys text[],
     stored_payloads jsonb[],
     stored_ats timestamptz[],
     stored_channels text[],
-    stored_priorities integer[]
+    stored_priorities integer[],
+    stored_headers jsonb[]
 ) RETURNS TABLE (
     elem_ord bigint,
     elem_key text,
@@ -170,6 +181,7 @@ CREATE FUNCTION dq__offer_chain(
     final_at timestamptz,
     final_channel text,
     final_priority integer,
+    final_headers jsonb,
     is_last boolean,
     had_stored boolean,
     key_written boolean
@@ -179,13 +191,13 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     WITH elems AS (
         SELECT e.ord, e.k COLLATE "C" AS k, e.p, e.s,
-            coalesce(e.c, '') AS c, coalesce(e.pr, 0) AS pr, false AS is_stored
-        FROM unnest(keys, payloads, scheduled_ats, channels, priorities)
-            WITH ORDINALITY AS e (k, p, s, c, pr, ord)
+            coalesce(e.c, '') AS c, coalesce(e.pr, 0) AS pr, e.h, false AS is_stored
+        FROM unnest(keys, payloads, scheduled_ats, channels, priorities, headers)
+            WITH ORDINALITY AS e (k, p, s, c, pr, h, ord)
         UNION ALL
-        SELECT 0, s.k COLLATE "C", s.p, s.s, s.c, s.pr, true
-        FROM unnest(stored_keys, stored_payloads, stored_ats, stored_channels, stored_priorities)
-            AS s (k, p, s, c, pr)
+        SELECT 0, s.k COLLATE "C", s.p, s.s, s.c, s.pr, s.h, true
+        FROM unnest(stored_keys, stored_payloads, stored_ats, stored_channels, stored_priorities, stored_headers)
+            AS s (k, p, s, c, pr, h)
     ),
 
     -- sets_at: the scheduled_at an element leaves behind when it sets one;
@@ -239,29 +251,42 @@ AS $$
             END AS outcome
         FROM resolved
         WINDOW w AS (PARTITION BY resolved.k ORDER BY resolved.ord)
+    ),
+
+    -- version: how many elements so far created or updated the message
+    versioned AS (
+        SELECT
+            judged.*,
+            count(*) FILTER (WHERE judged.outcome <> 'ignored') OVER w AS version
+        FROM judged
+        WINDOW w AS (PARTITION BY judged.k ORDER BY judged.ord)
     )
 
     SELECT
-        judged.ord,
-        judged.k,
-        judged.outcome,
+        versioned.ord,
+        versioned.k,
+        versioned.outcome,
         -- without can_update the first version stays
-        CASE WHEN can_update THEN judged.p ELSE first_value(judged.p) OVER w END,
-        CASE WHEN can_update THEN judged.at ELSE first_value(judged.at) OVER w END,
-        CASE WHEN can_update THEN judged.c ELSE first_value(judged.c) OVER w END,
-        CASE WHEN can_update THEN judged.pr ELSE first_value(judged.pr) OVER w END,
-        judged.ord = max(judged.ord) OVER k,
-        bool_or(judged.is_stored) OVER k,
-        bool_or(NOT judged.is_stored AND judged.outcome <> 'ignored') OVER k
-    FROM judged
+        CASE WHEN can_update THEN versioned.p ELSE first_value(versioned.p) OVER w END,
+        CASE WHEN can_update THEN versioned.at ELSE first_value(versioned.at) OVER w END,
+        CASE WHEN can_update THEN versioned.c ELSE first_value(versioned.c) OVER w END,
+        CASE WHEN can_update THEN versioned.pr ELSE first_value(versioned.pr) OVER w END,
+        -- the headers of the element that wrote the version in force
+        first_value(versioned.h) OVER v,
+        versioned.ord = max(versioned.ord) OVER k,
+        bool_or(versioned.is_stored) OVER k,
+        bool_or(NOT versioned.is_stored AND versioned.outcome <> 'ignored') OVER k
+    FROM versioned
     WINDOW
-        w AS (PARTITION BY judged.k ORDER BY judged.ord),
-        k AS (PARTITION BY judged.k)
+        w AS (PARTITION BY versioned.k ORDER BY versioned.ord),
+        k AS (PARTITION BY versioned.k),
+        v AS (PARTITION BY versioned.k, versioned.version ORDER BY versioned.ord)
 $$;
 
 -- Raise 22004/22023 unless the offer_many arrays are usable (docs/sql-reference.md).
 CREATE FUNCTION dq__check_offer_arrays(
-    keys text[], payloads jsonb[], scheduled_ats timestamptz[], channels text[], priorities integer[]
+    keys text[], payloads jsonb[], scheduled_ats timestamptz[], channels text[], priorities integer[],
+    headers jsonb[]
 ) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -275,10 +300,11 @@ BEGIN
         OR coalesce(array_ndims(payloads), 1) > 1
         OR coalesce(array_ndims(scheduled_ats), 1) > 1
         OR coalesce(array_ndims(channels), 1) > 1
-        OR coalesce(array_ndims(priorities), 1) > 1 THEN
+        OR coalesce(array_ndims(priorities), 1) > 1
+        OR coalesce(array_ndims(headers), 1) > 1 THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
-            MESSAGE = 'pgdq: keys, payloads, scheduled_ats, channels and priorities must be one-dimensional arrays';
+            MESSAGE = 'pgdq: keys, payloads, scheduled_ats, channels, priorities and headers must be one-dimensional arrays';
     END IF;
     IF cardinality(payloads) <> cardinality(keys)
         OR cardinality(scheduled_ats) <> cardinality(keys) THEN
@@ -311,7 +337,16 @@ BEGIN
     IF v_bad.ord IS NOT NULL THEN
         PERFORM @extschema@.dq__check_key(v_bad.k, format('keys[%s]', v_bad.ord));
     END IF;
+    IF cardinality(headers) <> cardinality(keys) THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = format(
+                'pgdq: headers must be NULL or have as many elements as keys (%s), got %s',
+                cardinality(keys), cardinality(headers)
+            );
+    END IF;
     PERFORM @extschema@.dq__check_channel_elements(channels);
+    PERFORM @extschema@.dq__check_headers_elements(headers);
 END
 $$;
 
@@ -349,6 +384,7 @@ CREATE FUNCTION dq__offer_new(
     scheduled_ats timestamptz[],
     channels text[],
     priorities integer[],
+    headers jsonb[],
     now_at timestamptz
 ) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
@@ -359,13 +395,13 @@ SET jit = off  -- see 10_storage.sql
 AS $$
 BEGIN
     INSERT INTO @extschema@.dq_messages (
-        queue, key, payload, scheduled_at, due_at, created_at, channel, priority
+        queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
     )
     SELECT
         dq__offer_new.queue, e.k, e.p,
         coalesce(e.s, now_at), coalesce(e.s, now_at), now_at,
-        coalesce(e.c, ''), coalesce(e.pr, 0)
-    FROM unnest(keys, payloads, scheduled_ats, channels, priorities) AS e (k, p, s, c, pr)
+        coalesce(e.c, ''), coalesce(e.pr, 0), e.h
+    FROM unnest(keys, payloads, scheduled_ats, channels, priorities, headers) AS e (k, p, s, c, pr, h)
     ORDER BY e.k COLLATE "C";
     RETURN TRUE;
 EXCEPTION WHEN unique_violation THEN  -- a key exists or repeats: undone
@@ -426,7 +462,8 @@ CREATE FUNCTION dq_offer_many(
     scheduled_ats timestamptz[] DEFAULT NULL,
     can_update boolean DEFAULT TRUE,
     channels text[] DEFAULT NULL,
-    priorities integer[] DEFAULT NULL
+    priorities integer[] DEFAULT NULL,
+    headers jsonb[] DEFAULT NULL  -- since 1.2
 ) RETURNS TABLE (key text, outcome text)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -443,6 +480,7 @@ DECLARE
     v_stored_ats timestamptz[];
     v_stored_channels text[];
     v_stored_priorities integer[];
+    v_stored_headers jsonb[];
     v_stored_leased boolean[];   -- held by a valid lease
     v_first_at timestamptz;  -- the earliest due time written
     -- what was written: channel, priority, due time, whether it was an update
@@ -453,14 +491,18 @@ DECLARE
 BEGIN
     PERFORM @extschema@.dq__check_queue(v_queue);
     PERFORM @extschema@.dq__null_check(can_update IS NULL, 'can_update');
-    PERFORM @extschema@.dq__check_offer_arrays(keys, payloads, scheduled_ats, channels, priorities);
+    PERFORM @extschema@.dq__check_offer_arrays(
+        keys, payloads, scheduled_ats, channels, priorities, dq_offer_many.headers
+    );
 
     -- The fast path runs in a subtransaction (its EXCEPTION block), so only
     -- a transaction's first write takes it: a transaction never holds more
     -- than one of pgdq's, far below the 64 a backend caches (past them every
     -- other session's snapshots slow down until the transaction ends).
     IF pg_current_xact_id_if_assigned() IS NULL
-        AND @extschema@.dq__offer_new(v_queue, keys, payloads, scheduled_ats, channels, priorities, v_now) THEN
+        AND @extschema@.dq__offer_new(
+            v_queue, keys, payloads, scheduled_ats, channels, priorities, dq_offer_many.headers, v_now
+        ) THEN
         IF cardinality(keys) > 0 AND channels IS NULL AND priorities IS NULL THEN
             PERFORM @extschema@.dq__wake_if_head(v_queue, CASE
                 WHEN scheduled_ats IS NULL THEN v_now
@@ -488,23 +530,23 @@ BEGIN
     -- deleted concurrently is waited for and then either created or locked.
     WITH candidates AS (
         -- distinct keys (the usual batch) need no replay
-        SELECT e.k, e.p, coalesce(e.s, v_now) AS at, coalesce(e.c, '') AS c, coalesce(e.pr, 0) AS pr
-        FROM unnest(keys, payloads, scheduled_ats, channels, priorities) AS e (k, p, s, c, pr)
+        SELECT e.k, e.p, coalesce(e.s, v_now) AS at, coalesce(e.c, '') AS c, coalesce(e.pr, 0) AS pr, e.h
+        FROM unnest(keys, payloads, scheduled_ats, channels, priorities, dq_offer_many.headers) AS e (k, p, s, c, pr, h)
         WHERE v_distinct
         UNION ALL
-        SELECT c.elem_key, c.final_payload, c.final_at, c.final_channel, c.final_priority
+        SELECT c.elem_key, c.final_payload, c.final_at, c.final_channel, c.final_priority, c.final_headers
         FROM @extschema@.dq__offer_chain(
-            keys, payloads, scheduled_ats, channels, priorities, can_update, v_now,
-            NULL::text[], NULL::jsonb[], NULL::timestamptz[], NULL::text[], NULL::integer[]
+            keys, payloads, scheduled_ats, channels, priorities, dq_offer_many.headers, can_update, v_now,
+            NULL::text[], NULL::jsonb[], NULL::timestamptz[], NULL::text[], NULL::integer[], NULL::jsonb[]
         ) AS c
         WHERE NOT v_distinct AND c.is_last
     ),
 
     inserted AS (
         INSERT INTO @extschema@.dq_messages AS m (
-            queue, key, payload, scheduled_at, due_at, created_at, channel, priority
+            queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
         )
-        SELECT v_queue, c.k, c.p, c.at, c.at, v_now, c.c, c.pr
+        SELECT v_queue, c.k, c.p, c.at, c.at, v_now, c.c, c.pr, c.h
         FROM candidates AS c
         ORDER BY c.k COLLATE "C"
         ON CONFLICT (queue, key) WHERE key IS NOT NULL DO UPDATE
@@ -528,9 +570,10 @@ BEGIN
             array_agg(m.scheduled_at),
             array_agg(m.channel),
             array_agg(m.priority),
+            array_agg(m.headers),
             array_agg(@extschema@.dq__is_leased(m.lock_token, m.due_at, v_now))
         INTO v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities,
-            v_stored_leased
+            v_stored_headers, v_stored_leased
         FROM @extschema@.dq_messages AS m
         INNER JOIN unnest(v_keys) AS p (k) ON m.key = p.k
         WHERE m.queue = v_queue
@@ -549,10 +592,14 @@ BEGIN
                 last_error = NULL,
                 lock_token = NULL,
                 channel = c.final_channel,
-                priority = c.final_priority
+                priority = c.final_priority,
+                headers = c.final_headers,
+                leased_at = NULL,
+                leased_due_at = NULL
             FROM @extschema@.dq__offer_chain(
-                keys, payloads, scheduled_ats, channels, priorities, can_update, v_now,
-                v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities
+                keys, payloads, scheduled_ats, channels, priorities, dq_offer_many.headers, can_update, v_now,
+                v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities,
+                v_stored_headers
             ) AS c
             WHERE c.is_last AND c.had_stored AND c.key_written
                 AND m.queue = v_queue AND m.key = c.elem_key
@@ -594,8 +641,9 @@ BEGIN
     RETURN QUERY
     SELECT c.elem_key::text, c.outcome
     FROM @extschema@.dq__offer_chain(
-        keys, payloads, scheduled_ats, channels, priorities, can_update, v_now,
-        v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities
+        keys, payloads, scheduled_ats, channels, priorities, dq_offer_many.headers, can_update, v_now,
+        v_stored_keys, v_stored_payloads, v_stored_ats, v_stored_channels, v_stored_priorities,
+        v_stored_headers
     ) AS c
     WHERE c.elem_ord > 0
     ORDER BY c.elem_ord;

@@ -32,8 +32,6 @@ CREATE FUNCTION dq__check_send_arrays(
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    v_bad record;  -- the first bad element and its position (whatever the lower bound)
 BEGIN
     PERFORM @extschema@.dq__null_check(payloads IS NULL, 'payloads');
     IF coalesce(array_ndims(payloads), 1) > 1
@@ -61,6 +59,19 @@ BEGIN
     PERFORM @extschema@.dq__check_elements(pg_catalog.array_position(payloads, NULL), FALSE, 'payloads');
     PERFORM @extschema@.dq__check_time_elements(scheduled_ats, 'scheduled_ats');
     PERFORM @extschema@.dq__check_channel_elements(channels);
+    PERFORM @extschema@.dq__check_headers_elements(headers);
+END
+$$;
+
+-- Raise 22023 naming the first element of headers that is not a JSON
+-- object, by its position (NULL elements pass: none).
+CREATE FUNCTION dq__check_headers_elements(headers jsonb[]) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    v_bad record;
+BEGIN
     SELECT h.h, h.ord INTO v_bad
     FROM unnest(headers) WITH ORDINALITY AS h (h, ord)
     WHERE NOT @extschema@.dq__valid_headers(h.h)

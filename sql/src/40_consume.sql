@@ -21,6 +21,7 @@ DECLARE
     v_max_attempts integer;  -- dq_configure; NULL: no limit
     v_spent bigint[];        -- picked, but already delivered max_attempts times
     v_grouped boolean;       -- the queue has groups (42_groups.sql)
+    v_paused boolean;        -- dq_pause
 BEGIN
     IF NOT @extschema@.dq__valid_queue(v_queue)
         OR max_count IS NULL
@@ -37,11 +38,17 @@ BEGIN
     IF EXISTS (SELECT FROM @extschema@.dq_schedules AS s WHERE s.queue = v_queue AND s.next_at <= v_now) THEN
         PERFORM @extschema@.dq__materialise(v_queue, v_now);
     END IF;
-    -- one statement: its setting, and whether it has channels or priorities
+    -- one statement: its settings, and whether it has channels or priorities
     SELECT
-        (SELECT q.max_attempts FROM @extschema@.dq_queues AS q WHERE q.queue = v_queue),
+        q.max_attempts,
+        q.paused_at IS NOT NULL,
         EXISTS (SELECT FROM @extschema@.dq_groups AS g WHERE g.queue = v_queue AND g.channel = '')
-    INTO v_max_attempts, v_grouped;
+    INTO v_max_attempts, v_paused, v_grouped
+    FROM (SELECT) AS one
+    LEFT JOIN @extschema@.dq_queues AS q ON q.queue = v_queue;
+    IF v_paused THEN  -- dq_pause (1.2): nothing is leased, nothing buried
+        RETURN;
+    END IF;
     IF v_grouped THEN
         RETURN QUERY SELECT * FROM @extschema@.dq__poll_grouped(v_queue, max_count, lease, v_now, v_max_attempts);
         RETURN;
@@ -81,18 +88,21 @@ BEGIN
         UPDATE @extschema@.dq_messages AS m
         SET attempts = m.attempts + 1,
             lock_token = @extschema@.dq__token(m.id, (SELECT @extschema@.dq__token_proof())),
-            due_at = v_now + lease
+            due_at = v_now + lease,
+            leased_at = v_now,
+            leased_due_at = m.due_at
         FROM unnest(v_rows) WITH ORDINALITY AS picked (row_at, pos)
         WHERE m.ctid = picked.row_at
         RETURNING
             picked.pos,
             m.id, m.queue, m.key, m.payload, m.state, m.scheduled_at,
-            m.created_at, m.attempts, m.lock_token, m.due_at
+            m.created_at, m.attempts, m.lock_token, m.due_at, m.headers
     )
     SELECT
         l.id, l.queue::text, l.key::text, l.payload, l.state, l.scheduled_at,
         l.created_at, l.attempts, l.attempts > 1, l.lock_token, l.due_at,
-        NULL::text, 0  -- a plain queue's messages have no channel, priority 0
+        NULL::text, 0,  -- a plain queue's messages have no channel, priority 0
+        l.headers
     FROM leased AS l
     ORDER BY l.pos;
 END
@@ -118,6 +128,7 @@ $$;
 CREATE FUNCTION dq_ack(lock_token uuid, queue text DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = 'acked'  -- what the history records (57_history.sql)
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
 SET jit = off  -- see 10_storage.sql
@@ -186,6 +197,7 @@ $$;
 CREATE FUNCTION dq_ack_many(lock_tokens uuid[], queue text DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = 'acked'  -- what the history records (57_history.sql)
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
 SET jit = off  -- see 10_storage.sql

@@ -765,19 +765,21 @@ BEGIN
         UPDATE @extschema@.dq_messages AS m
         SET attempts = m.attempts + 1,
             lock_token = @extschema@.dq__token(m.id, (SELECT @extschema@.dq__token_proof())),
-            due_at = now_at + lease
+            due_at = now_at + lease,
+            leased_at = now_at,
+            leased_due_at = m.due_at
         FROM unnest(v_rows) WITH ORDINALITY AS picked (row_at, pos)
         WHERE m.ctid = picked.row_at
         RETURNING
             picked.pos,
             m.id, m.queue, m.key, m.payload, m.state, m.scheduled_at,
-            m.created_at, m.attempts, m.lock_token, m.due_at, m.channel, m.priority
+            m.created_at, m.attempts, m.lock_token, m.due_at, m.channel, m.priority, m.headers
     )
 
     SELECT
         l.id, l.queue::text, l.key::text, l.payload, l.state, l.scheduled_at,
         l.created_at, l.attempts, l.attempts > 1, l.lock_token, l.due_at,
-        nullif(l.channel, '')::text, l.priority
+        nullif(l.channel, '')::text, l.priority, l.headers
     FROM leased AS l
     ORDER BY l.pos;
 END

@@ -47,6 +47,7 @@ CREATE FUNCTION dq__bury(
 ) RETURNS integer
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = 'dead'  -- what the history records (57_history.sql)
 AS $$
     WITH moved AS (
         DELETE FROM @extschema@.dq_messages AS m

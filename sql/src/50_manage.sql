@@ -36,6 +36,7 @@ $$;
 CREATE FUNCTION dq__cancel(queue text, id bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = 'cancelled'  -- what the history records (57_history.sql)
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -67,7 +68,8 @@ CREATE FUNCTION dq__get(queue text, id bigint) RETURNS TABLE (
     leased boolean,
     created_at timestamptz,
     channel text,
-    priority integer
+    priority integer,
+    headers jsonb  -- since 1.2
 )
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -76,7 +78,7 @@ AS $$
         m.queue::text, m.key::text, m.payload, m.state, m.scheduled_at,
         m.due_at, m.attempts,
         @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at),
-        m.created_at, nullif(m.channel, '')::text, m.priority
+        m.created_at, nullif(m.channel, '')::text, m.priority, m.headers
     FROM @extschema@.dq_messages AS m
     CROSS JOIN @extschema@.dq_now() AS n (now_at)
     WHERE m.id = dq__get.id AND m.queue = dq__get.queue;
@@ -94,7 +96,8 @@ CREATE FUNCTION dq_get(queue text, key text) RETURNS TABLE (
     leased boolean,
     created_at timestamptz,
     channel text,
-    priority integer
+    priority integer,
+    headers jsonb  -- since 1.2
 )
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -120,7 +123,8 @@ CREATE FUNCTION dq_get_id(queue text, id bigint) RETURNS TABLE (
     leased boolean,
     created_at timestamptz,
     channel text,
-    priority integer
+    priority integer,
+    headers jsonb  -- since 1.2
 )
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -164,7 +168,8 @@ CREATE FUNCTION dq_peek(
     leased boolean,
     lease_until timestamptz,
     last_error text,
-    id bigint  -- since 1.2
+    id bigint,  -- since 1.2
+    headers jsonb  -- since 1.2
 )
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -178,11 +183,12 @@ AS $$
         l.leased,
         CASE WHEN l.leased THEN m.due_at END,
         m.last_error,
-        m.id
+        m.id,
+        m.headers
     FROM (
         -- the first max_count of each poll index in due order, merged
         (
-            SELECT p.key, p.payload, p.state, p.scheduled_at, p.due_at, p.attempts, p.lock_token, p.last_error, p.id
+            SELECT p.key, p.payload, p.state, p.scheduled_at, p.due_at, p.attempts, p.lock_token, p.last_error, p.id, p.headers
             FROM @extschema@.dq_messages AS p
             CROSS JOIN @extschema@.dq_now() AS n (now_at)
             WHERE p.queue = dq_peek.queue AND p.channel = '' AND p.priority = 0
@@ -192,7 +198,7 @@ AS $$
         )
         UNION ALL
         (
-            SELECT g.key, g.payload, g.state, g.scheduled_at, g.due_at, g.attempts, g.lock_token, g.last_error, g.id
+            SELECT g.key, g.payload, g.state, g.scheduled_at, g.due_at, g.attempts, g.lock_token, g.last_error, g.id, g.headers
             FROM @extschema@.dq_messages AS g
             CROSS JOIN @extschema@.dq_now() AS n (now_at)
             WHERE g.queue = dq_peek.queue AND (g.channel <> '' OR g.priority <> 0)
@@ -211,6 +217,7 @@ $$;
 CREATE FUNCTION dq_purge(queue text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = 'purged'  -- what the history records (57_history.sql)
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -422,6 +429,23 @@ AS $$
         AND NOT pg_catalog.row_security_active('@extschema@.dq_messages');
 $$;
 
+-- Whether queue is paused (dq_pause); NULL for a caller that may not read
+-- the queues' settings (a role granted only SELECT on dq_messages, whose
+-- dq_stats worked in 1.1 and still does).
+CREATE FUNCTION dq__paused(queue text) RETURNS boolean
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT has_table_privilege('@extschema@.dq_queues', 'SELECT') THEN
+        RETURN NULL;
+    END IF;
+    RETURN EXISTS (
+        SELECT FROM @extschema@.dq_queues AS q WHERE q.queue = dq__paused.queue AND q.paused_at IS NOT NULL
+    );
+END
+$$;
+
 -- One row per queue with messages, or exactly one row for the named queue.
 CREATE FUNCTION dq_stats(queue text DEFAULT NULL) RETURNS TABLE (
     queue text,
@@ -429,30 +453,35 @@ CREATE FUNCTION dq_stats(queue text DEFAULT NULL) RETURNS TABLE (
     delayed bigint,
     leased bigint,
     oldest_ready_at timestamptz,
-    next_due_at timestamptz
+    next_due_at timestamptz,
+    paused boolean  -- since 1.2 (dq_pause)
 )
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_queue(dq_stats.queue) WHERE dq_stats.queue IS NOT NULL;
-    -- every queue: from the counts (1.2: one pass over the table)
-    SELECT s.*
-    FROM @extschema@.dq_now() AS n (now_at)
-    CROSS JOIN LATERAL @extschema@.dq__counted_stats(n.now_at) AS s
-    WHERE dq_stats.queue IS NULL AND @extschema@.dq__overview_counted(n.now_at)
-    UNION ALL
-    SELECT s.*
-    FROM @extschema@.dq_now() AS n (now_at)
-    CROSS JOIN LATERAL @extschema@.dq__scanned_stats(n.now_at) AS s
-    WHERE dq_stats.queue IS NULL AND NOT @extschema@.dq__overview_counted(n.now_at)
-    UNION ALL
-    -- a named queue: its messages only, zeros when it has none (1.2: it read every queue)
-    SELECT dq_stats.queue, s.*
-    FROM @extschema@.dq__queue_stats(dq_stats.queue) AS s
-    WHERE dq_stats.queue IS NOT NULL
+    SELECT s.*, @extschema@.dq__paused(s.queue)
+    FROM (
+        -- every queue: from the counts (1.2: one pass over the table)
+        SELECT c.*
+        FROM @extschema@.dq_now() AS n (now_at)
+        CROSS JOIN LATERAL @extschema@.dq__counted_stats(n.now_at) AS c
+        WHERE dq_stats.queue IS NULL AND @extschema@.dq__overview_counted(n.now_at)
+        UNION ALL
+        SELECT c.*
+        FROM @extschema@.dq_now() AS n (now_at)
+        CROSS JOIN LATERAL @extschema@.dq__scanned_stats(n.now_at) AS c
+        WHERE dq_stats.queue IS NULL AND NOT @extschema@.dq__overview_counted(n.now_at)
+        UNION ALL
+        -- a named queue: its messages only, zeros when it has none (1.2: it read every queue)
+        SELECT dq_stats.queue, c.*
+        FROM @extschema@.dq__queue_stats(dq_stats.queue) AS c
+        WHERE dq_stats.queue IS NOT NULL
+    ) AS s
     ORDER BY 1;
 $$;
+
 
 -- Messages falling due in each of the next hours hours (1 to 168) of queue:
 -- hour_start is now plus whole hours; a leased message counts at its lease's
@@ -534,7 +563,8 @@ AS $$
     ORDER BY 1;
 $$;
 
--- The earliest due time in queue (leases by their end); NULL when empty.
+-- The earliest due time in queue (leases by their end); NULL when empty
+-- or paused.
 -- With channels: the earliest time a message could be eligible.
 CREATE FUNCTION dq_next_due(queue text) RETURNS timestamptz
 LANGUAGE plpgsql STABLE
@@ -549,6 +579,11 @@ DECLARE
     v_first timestamptz;
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_next_due.queue);
+    -- a paused queue (dq_pause) has nothing due for its consumers
+    -- (as far as the caller may read the queues' settings: dq__paused)
+    IF @extschema@.dq__paused(dq_next_due.queue) THEN
+        RETURN NULL;
+    END IF;
     -- a queue with groups (42_groups.sql), else the first entry of the
     -- queue's range in (queue, due_at, id); one statement either way
     v_first := CASE
@@ -573,5 +608,55 @@ BEGIN
             LIMIT 1
         )
     );
+END
+$$;
+
+-- Pause queue: polls lease nothing from it until dq_resume; true when it
+-- was not paused.
+CREATE FUNCTION dq_pause(queue text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := @extschema@.dq_now();
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_pause.queue);
+    -- a queue already paused keeps its row as it is: no row comes back
+    INSERT INTO @extschema@.dq_queues AS q (queue, paused_at)
+    VALUES (dq_pause.queue, v_now)
+    ON CONFLICT (queue) DO UPDATE SET paused_at = excluded.paused_at
+    WHERE q.paused_at IS NULL;
+    RETURN FOUND;
+END
+$$;
+
+-- Resume a paused queue, waking its idle consumers when it holds a
+-- message; true when it was paused.
+CREATE FUNCTION dq_resume(queue text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_resume.queue);
+    UPDATE @extschema@.dq_queues AS q SET paused_at = NULL
+    WHERE q.queue = dq_resume.queue AND q.paused_at IS NOT NULL;
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    -- one probe of each poll index
+    IF EXISTS (
+        SELECT FROM @extschema@.dq_messages AS m
+        WHERE m.queue = dq_resume.queue AND m.channel = '' AND m.priority = 0
+    ) OR EXISTS (
+        SELECT FROM @extschema@.dq_messages AS m
+        WHERE m.queue = dq_resume.queue AND (m.channel <> '' OR m.priority <> 0)
+    ) THEN
+        PERFORM @extschema@.dq__wake(dq_resume.queue);
+    END IF;
+    RETURN TRUE;
 END
 $$;

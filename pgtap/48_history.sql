@@ -1,0 +1,256 @@
+-- History (1.2): dq_retain, dq_history, dq_history_stats. A record of each
+-- message that leaves a queue with retention on, with its outcome, kept for
+-- the queue's period; tallies behind the stats.
+BEGIN;
+SELECT plan(47);
+SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
+
+-- off by default: nothing is recorded
+SELECT dq_offer('t_hist', 'before', '0');
+SELECT dq_ack((SELECT lock_token FROM dq_poll('t_hist')));
+SELECT is((SELECT count(*)::int FROM dq_history), 0, 'a queue without retention records nothing');
+SELECT is((SELECT count(*)::int FROM dq_history_deltas), 0, 'nor tallies anything');
+SELECT is((SELECT count(*)::int FROM dq_history('t_hist')), 0, 'dq_history of such a queue is empty');
+
+SELECT lives_ok($$SELECT dq_retain('t_hist', '1 day')$$, 'dq_retain turns it on');
+
+-- acked, with what the message had
+SELECT dq_offer('t_hist', 'a', '{"n": 1}', '2024-01-01 09:59:00+00', TRUE, 'ch', 3, '{"h": 1}');
+SELECT set_config('dq.now', '2024-01-01 10:00:02+00', TRUE);
+CREATE TEMP TABLE got AS SELECT * FROM dq_poll('t_hist', '1 minute');
+SELECT dq_nack((SELECT lock_token FROM got), '2024-01-01 10:00:05+00', '{"s": 1}', 'boom');
+SELECT set_config('dq.now', '2024-01-01 10:00:10+00', TRUE);
+TRUNCATE got;
+INSERT INTO got SELECT * FROM dq_poll('t_hist', '1 minute');
+SELECT set_config('dq.now', '2024-01-01 10:00:12.5+00', TRUE);
+SELECT dq_ack((SELECT lock_token FROM got), 't_hist');
+SELECT results_eq(
+    $$SELECT queue, key, outcome, payload, state, channel, priority, created_at, scheduled_at, last_leased_at,
+        finished_at, attempts, last_error, headers
+      FROM dq_history('t_hist')$$,
+    $$VALUES ('t_hist'::text, 'a'::text, 'acked'::text, '{"n": 1}'::jsonb, '{"s": 1}'::jsonb, 'ch'::text, 3,
+        '2024-01-01 10:00:00+00'::timestamptz, '2024-01-01 09:59:00+00'::timestamptz,
+        '2024-01-01 10:00:10+00'::timestamptz, '2024-01-01 10:00:12.5+00'::timestamptz, 2, 'boom'::text,
+        '{"h": 1}'::jsonb)$$,
+    'an acked message: its record holds what it had when it left'
+);
+SELECT is((SELECT id FROM dq_history('t_hist')), (SELECT id FROM got), 'and its id');
+
+-- every ack call, every outcome
+SELECT dq_offer_many('t_hist', ARRAY['b', 'c', 'd'], ARRAY['1', '2', '3']::jsonb[]);
+SELECT is(dq_ack_many(array(SELECT lock_token FROM dq_poll_many('t_hist', 1))), 1, 'dq_ack_many');
+SELECT is((SELECT count(*)::int FROM dq_ack_poll(array(SELECT lock_token FROM dq_poll_many('t_hist', 1)), 't_hist', 0)), 0, 'dq_ack_poll');
+SELECT dq_dead_letter((SELECT lock_token FROM dq_poll('t_hist')), 'given up');
+SELECT results_eq(
+    $$SELECT key, outcome FROM dq_history('t_hist') WHERE key IN ('b', 'c', 'd') ORDER BY key$$,
+    $$VALUES ('b'::text, 'acked'::text), ('c', 'acked'), ('d', 'dead')$$,
+    'acked by dq_ack_many and dq_ack_poll, dead by dq_dead_letter'
+);
+SELECT dq_offer('t_hist', 'e', '5');
+SELECT dq_cancel('t_hist', 'e');
+SELECT dq_cancel_id('t_hist', dq_send('t_hist', '6'));
+SELECT dq_offer('t_hist', 'f', '7');
+SELECT dq_purge('t_hist');
+SELECT results_eq(
+    $$SELECT key, outcome, last_leased_at FROM dq_history('t_hist') WHERE outcome IN ('cancelled', 'purged') ORDER BY id$$,
+    $$VALUES ('e'::text, 'cancelled'::text, NULL::timestamptz), (NULL, 'cancelled', NULL), ('f', 'purged', NULL)$$,
+    'cancelled by dq_cancel and dq_cancel_id (key NULL: keyless), purged by dq_purge; never delivered'
+);
+-- buried by a poll
+SELECT dq_configure('t_hist', 1);
+SELECT dq_offer('t_hist', 'g', '8');
+SELECT dq_nack((SELECT lock_token FROM dq_poll('t_hist')), NULL, NULL, 'bad');
+SELECT is((SELECT count(*)::int FROM dq_poll('t_hist')), 0, 'a poll buries a message out of attempts');
+SELECT results_eq(
+    $$SELECT outcome, attempts, last_error FROM dq_history('t_hist', 'g')$$,
+    $$VALUES ('dead'::text, 1, 'bad'::text)$$,
+    'recorded dead, with its attempts and last error'
+);
+SELECT dq_configure('t_hist', NULL);
+-- redriven and acked: two records
+SELECT dq_dead_redrive('t_hist', 'g');
+SELECT dq_ack((SELECT lock_token FROM dq_poll('t_hist')));
+SELECT results_eq(
+    $$SELECT outcome FROM dq_history('t_hist', 'g')$$,
+    $$VALUES ('acked'::text), ('dead')$$,
+    'a message redriven and acked has two records, newest first'
+);
+-- no record for deletes with no outcome
+SELECT dq_cron_install('t_hist', 'cron:', 'h1', ARRAY['2024-01-02 00:00+00']::timestamptz[], ARRAY['{}']::jsonb[]);
+SELECT dq_cron_uninstall('t_hist', 'cron:');
+SELECT dq_schedule_set('t_hist', 'tick', '* * * * *');
+SELECT dq_poll_many('t_hist', 0);
+SELECT set_config('dq.now', '2024-01-01 10:01:10+00', TRUE);
+SELECT is((SELECT count(*)::int FROM dq_poll_many('t_hist', 0)), 0, 'materialised a tick');
+SELECT dq_schedule_remove('t_hist', 'tick');
+SELECT dq_offer('t_hist', 'h', '9');
+SELECT dq_dead_letter((SELECT lock_token FROM dq_poll('t_hist')));
+SELECT dq_dead_purge('t_hist', 'h');
+SELECT is(
+    (
+        SELECT count(*)::int FROM dq_history('t_hist')
+        WHERE key LIKE 'cron:%' OR key LIKE 'tick%'
+    ), 0,
+    'cron uninstalls and schedule removals leave no record'
+);
+SELECT is((SELECT count(*)::int FROM dq_history('t_hist', 'h')), 1, 'a dead letter purged leaves only its dead record');
+DELETE FROM dq_messages
+WHERE queue = 't_hist';
+SELECT is((SELECT count(*)::int FROM dq_history('t_hist', 'i')), 0, 'nor does a plain DELETE');
+
+-- reading
+SELECT is((SELECT count(*)::int FROM dq_history('t_hist')), 10, 'every record');
+SELECT is((SELECT count(*)::int FROM dq_history('t_hist', NULL, 3)), 3, 'at most max_count');
+SELECT is((SELECT count(*)::int FROM dq_history('t_hist', NULL, 0)), 0, 'max_count 0: nothing');
+SELECT is((SELECT count(*)::int FROM dq_history('t_hist', NULL, -1)), 0, 'max_count below 0: nothing');
+SELECT ok(
+    (
+        SELECT bool_and(h.ord = s.ord)
+        FROM (SELECT
+            row_number() OVER () AS ord,
+            finished_at,
+            id
+        FROM dq_history('t_hist')) AS h
+        INNER JOIN (
+            SELECT
+                row_number() OVER (ORDER BY finished_at DESC, id DESC) AS ord,
+                finished_at,
+                id
+            FROM dq_history
+        ) AS s ON h.id = s.id AND h.finished_at = s.finished_at
+    ),
+    'newest finish first, ties by id descending'
+);
+SELECT is((SELECT count(*)::int FROM dq_history('t_other')), 0, 'another queue''s records are its own');
+SELECT throws_ok($$SELECT * FROM dq_history(NULL)$$, '22004', 'pgdq: queue must not be NULL', 'dq_history: NULL queue');
+SELECT throws_ok(
+    $$SELECT * FROM dq_history('t_hist', NULL, NULL)$$, '22004', 'pgdq: max_count must not be NULL',
+    'dq_history: NULL max_count'
+);
+SELECT throws_ok(
+    $$SELECT * FROM dq_history('t_hist', '')$$, '22023', NULL, 'dq_history: a key that is no key'
+);
+
+-- stats: per bucket of finish, aligned to the epoch
+SELECT results_eq(
+    $$SELECT bucket_at, acked, dead, cancelled FROM dq_history_stats('t_hist', '2024-01-01 09:00+00', '1 minute')$$,
+    $$VALUES ('2024-01-01 10:00+00'::timestamptz, 4::bigint, 2::bigint, 2::bigint),
+             ('2024-01-01 10:01+00', 0, 1, 0)$$,
+    'dq_history_stats counts outcomes per bucket, only buckets with records'
+);
+SELECT results_eq(
+    $$SELECT bucket_at, acked FROM dq_history_stats('t_hist', '2024-01-01 10:00:12.9+00', '1 second')$$,
+    $$VALUES ('2024-01-01 10:00:12+00'::timestamptz, 4::bigint), ('2024-01-01 10:01:10+00', 0)$$,
+    'from the bucket holding since'
+);
+SELECT results_eq(
+    $$SELECT lateness_p50, run_p50 FROM dq_history_stats('t_hist', '2024-01-01 10:00:12+00', '1 second') LIMIT 1$$,
+    $$VALUES (interval '0.0005 seconds', interval '0.0005 seconds')$$,
+    'lateness and run time under a millisecond'
+);
+CREATE TEMP TABLE before_fold AS SELECT * FROM dq_history_stats('t_hist', '2024-01-01 09:00+00', '1 minute');
+SELECT dq__fold_history();
+SELECT is((SELECT count(*)::int FROM dq_history_deltas), 0, 'a fold takes every delta');
+SELECT results_eq(
+    $$SELECT * FROM dq_history_stats('t_hist', '2024-01-01 09:00+00', '1 minute')$$,
+    $$SELECT * FROM before_fold$$,
+    'and the stats are the same'
+);
+SELECT results_eq(
+    $$SELECT bucket_at, acked, dead, cancelled FROM dq_history_stats('t_hist', '2024-01-01 09:00+00', '1.5 seconds')$$,
+    $$SELECT date_bin('1.5 seconds', finished_at, 'epoch'), count(*) FILTER (WHERE outcome = 'acked'),
+        count(*) FILTER (WHERE outcome = 'dead'), count(*) FILTER (WHERE outcome = 'cancelled')
+      FROM dq_history GROUP BY 1 ORDER BY 1$$,
+    'a bucket of a fraction of a second counts the records themselves'
+);
+
+-- percentiles within 5 % (or 1 ms) of the exact ones
+SELECT dq_retain('t_pct', '1 day');
+SELECT set_config('dq.now', '2024-01-01 11:00:00+00', TRUE);
+SELECT dq_send_many('t_pct', array_fill('{}'::jsonb, ARRAY[200]));
+CREATE TEMP TABLE pct_leases AS SELECT lock_token FROM dq_poll_many('t_pct', 200, '1 hour');
+DO $$
+DECLARE
+    v_token uuid;
+    i integer := 0;
+BEGIN
+    FOR v_token IN SELECT lock_token FROM pct_leases LOOP
+        i := i + 1;
+        -- run times from 10 ms to 4 s, spread unevenly
+        PERFORM set_config('dq.now', (timestamptz '2024-01-01 11:00:00+00' + make_interval(secs => 0.01 * i * i / 10))::text, TRUE);
+        PERFORM dq_ack(v_token);
+    END LOOP;
+END
+$$;
+SELECT set_config('dq.now', '2024-01-01 11:10:00+00', TRUE);
+CREATE TEMP TABLE exact AS
+SELECT
+    percentile_disc(0.5) WITHIN GROUP (ORDER BY finished_at - last_leased_at) AS p50,
+    percentile_disc(0.99) WITHIN GROUP (ORDER BY finished_at - last_leased_at) AS p99
+FROM dq_history
+WHERE queue = 't_pct';
+SELECT ok(
+    (
+        SELECT
+            abs(extract(EPOCH FROM s.run_p50 - e.p50)) <= greatest(0.05 * extract(EPOCH FROM e.p50), 0.001)
+            AND abs(extract(EPOCH FROM s.run_p99 - e.p99)) <= greatest(0.05 * extract(EPOCH FROM e.p99), 0.001)
+        FROM dq_history_stats('t_pct', '2024-01-01 11:00+00', '1 hour') AS s, exact AS e
+    ),
+    'run-time percentiles within 5 % of the exact ones'
+);
+SELECT is(
+    (SELECT acked FROM dq_history_stats('t_pct', '2024-01-01 11:00+00', '1 hour')), 200::bigint, 'all 200 counted'
+);
+
+-- turning it off; ageing out
+SELECT dq_retain('t_hist', NULL);
+SELECT dq_offer('t_hist', 'late', '1');
+SELECT dq_cancel('t_hist', 'late');
+SELECT is((SELECT count(*)::int FROM dq_history('t_hist', 'late')), 0, 'off: no new record');
+SELECT is((SELECT count(*)::int FROM dq_history('t_hist')), 10, 'records already kept stay');
+SELECT set_config('dq.now', '2024-01-02 10:00:13+00', TRUE);
+SELECT is(
+    (SELECT count(*)::int FROM dq_history('t_hist')), 1,
+    'and age out after the period the queue had: the one finished a day ago or less remains'
+);
+SELECT is(
+    (SELECT sum(acked + dead + cancelled)::int FROM dq_history_stats('t_hist', '2024-01-01 10:01+00', '1 hour')), 1,
+    'the stats count only records that have not aged out'
+);
+SELECT dq__expire_history(1000);
+SELECT is((
+    SELECT count(*)::int FROM dq_history
+    WHERE queue = 't_hist'
+), 1, 'expiry deletes the records aged out');
+SELECT set_config('dq.now', '2024-01-03 10:00:00+00', TRUE);
+SELECT dq__expire_history(1000);
+SELECT is(
+    (
+        SELECT count(*)::int FROM dq_history_tallies
+        WHERE queue = 't_hist'
+    ), 0, 'and their tallies'
+);
+
+-- errors
+SELECT throws_ok($$SELECT dq_retain(NULL, '1 day')$$, '22004', 'pgdq: queue must not be NULL', 'dq_retain: NULL queue');
+SELECT throws_ok(
+    $$SELECT dq_retain('t_hist', '0')$$, '22023', 'pgdq: keep must be positive and at most 3650 days, or NULL, got 00:00:00',
+    'dq_retain: keep 0'
+);
+SELECT throws_ok($$SELECT dq_retain('t_hist', '-1 hour')$$, '22023', NULL, 'dq_retain: a negative keep');
+SELECT throws_ok($$SELECT dq_retain('t_hist', '3651 days')$$, '22023', NULL, 'dq_retain: a keep over 3650 days');
+SELECT throws_ok(
+    $$SELECT * FROM dq_history_stats('t_hist', now(), '0.5 seconds')$$, '22023',
+    'pgdq: bucket must be from 1 second to 1 day, got 00:00:00.5', 'dq_history_stats: a bucket under a second'
+);
+SELECT throws_ok(
+    $$SELECT * FROM dq_history_stats('t_hist', now(), '25 hours')$$, '22023', NULL,
+    'dq_history_stats: a bucket over a day'
+);
+SELECT throws_ok(
+    $$SELECT * FROM dq_history_stats('t_hist', dq_now() - interval '10001 seconds', '1 second')$$, '22023', NULL,
+    'dq_history_stats: more than 10,000 buckets'
+);
+
+SELECT * FROM finish();
+ROLLBACK;

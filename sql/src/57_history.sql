@@ -1,0 +1,476 @@
+-- History (1.2): a record of each message that leaves a queue with
+-- retention on (dq_retain), kept for the queue's period, and tallies of the
+-- records by second and by minute behind dq_history_stats.
+--
+-- Records are written by the trigger that counts deleted messages
+-- (12_counts.sql: dq__count_rows), from its transition table, when the
+-- deleting function names an outcome: dq_ack and dq_ack_many SET dq.outcome
+-- = 'acked', dq__bury 'dead', dq__cancel 'cancelled', dq_purge 'purged'.
+-- Other deletes (cron uninstalls, schedule removals, a redrive's
+-- withdrawals, a user's DELETE) name none and leave no record. A queue
+-- without retention costs that trigger one probe of dq_queues per deleting
+-- statement and nothing else; no poll, offer or lease reads anything here.
+--
+-- No row is ever updated, so no row is a hot spot: each recording statement
+-- appends its records and one delta row per (queue, second, measure, bin)
+-- to dq_history_deltas (no index: a few hundred rows). Now and then (one
+-- recording statement in 256) a writer folds the deltas it can lock into
+-- per-second and per-minute sums in dq_history_tallies, merging the sums of
+-- those seconds and minutes that earlier folds left, skipping rows another
+-- folder holds (dq__fold_history). Readers sum tallies and deltas.
+--
+-- Records expire without a process of the user's: one recording statement
+-- in 64 deletes up to 128 times as many expired records as it wrote, oldest
+-- first, and their tallies (dq__expire_history), skipping rows another
+-- expiry holds. So expiry outpaces recording twofold on average, and with
+-- the autovacuum settings below the space of expired rows is reused: under
+-- steady traffic the table's size stays flat (bench/RESULTS.md measures
+-- it). Readers never see a record older than the period, deleted or not.
+
+CREATE TABLE dq_history (
+    queue text COLLATE "C" NOT NULL,
+    key text COLLATE "C",       -- NULL: a keyless message
+    id bigint NOT NULL,         -- the message's id
+    outcome text NOT NULL CONSTRAINT dq_history_outcome
+    CHECK (outcome IN ('acked', 'dead', 'cancelled', 'purged')),
+    payload jsonb NOT NULL,
+    state jsonb,
+    channel text COLLATE "C" NOT NULL,  -- '' for none, as in dq_messages
+    priority integer NOT NULL,
+    created_at timestamptz NOT NULL,
+    scheduled_at timestamptz NOT NULL,
+    last_leased_at timestamptz,  -- NULL: never delivered
+    finished_at timestamptz NOT NULL,
+    attempts integer NOT NULL,
+    last_error text,
+    headers jsonb,
+    -- last_leased_at minus the due time that delivery was made at
+    lateness interval
+) WITH (
+    -- expiry deletes the oldest records as new ones arrive: vacuum after
+    -- 2% of the table is dead, unthrottled, so that their space is reused
+    -- before the table grows
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0
+);
+
+-- A queue's records by finish: dq_history, and expiry (oldest first).
+CREATE INDEX dq_history_finished ON dq_history (queue, finished_at, id);
+
+-- A key's records by finish: dq_history with a key.
+CREATE INDEX dq_history_key ON dq_history (queue, key, finished_at, id)
+WHERE key IS NOT NULL;
+
+COMMENT ON TABLE dq_history IS
+'pgdq message history (dq_retain). Written by triggers on dq_messages; use dq_history.';
+
+-- The tallies of one recording statement, not yet folded: per queue and
+-- second of finish, for each measure ('a' acked, 'd' dead, 'c' cancelled:
+-- bin 0; 'l' lateness and 'r' run time of acked and dead records: their
+-- dq__duration_bin) the number of records. ("char", quoted: the one-byte
+-- type, not char(1).)
+CREATE TABLE dq_history_deltas (
+    queue text COLLATE "C" NOT NULL,
+    at timestamptz NOT NULL,  -- the second
+    measure "char" NOT NULL,  -- noqa: RF06
+    bin smallint NOT NULL,
+    n bigint NOT NULL
+) WITH (
+    -- every fold leaves the rows it took dead: vacuum them soon, so that
+    -- the table that readers and folds scan whole stays a few pages
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 5000,
+    autovacuum_vacuum_cost_delay = 0
+);
+
+COMMENT ON TABLE dq_history_deltas IS
+'pgdq history tallies not yet folded. Written by triggers on dq_messages; internal.';
+
+-- Folded tallies: as dq_history_deltas, summed per second (width 1) and per
+-- minute (width 60). A second or minute may have a few rows (folds that
+-- ran at once); readers sum them.
+CREATE TABLE dq_history_tallies (
+    queue text COLLATE "C" NOT NULL,
+    width smallint NOT NULL,  -- seconds
+    at timestamptz NOT NULL,  -- the start of the second or minute
+    measure "char" NOT NULL,  -- noqa: RF06
+    bin smallint NOT NULL,
+    n bigint NOT NULL
+) WITH (
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_cost_delay = 0
+);
+
+CREATE INDEX dq_history_tallies_at ON dq_history_tallies (queue, width, at);
+
+COMMENT ON TABLE dq_history_tallies IS
+'pgdq history tallies by second and minute. Written by triggers on dq_messages; use dq_history_stats.';
+
+-- Who reads the history: roles granted SELECT that row-level security does
+-- not isolate (as dq_counts, 12_counts.sql): a role under policies on
+-- dq_messages sees no other tenant's records, and so none.
+ALTER TABLE dq_history ENABLE ROW LEVEL SECURITY;
+CREATE POLICY dq_history_unless_isolated ON dq_history
+USING ((SELECT NOT pg_catalog.row_security_active('@extschema@.dq_messages'::regclass)));
+ALTER TABLE dq_history_deltas ENABLE ROW LEVEL SECURITY;
+CREATE POLICY dq_history_deltas_unless_isolated ON dq_history_deltas
+USING ((SELECT NOT pg_catalog.row_security_active('@extschema@.dq_messages'::regclass)));
+ALTER TABLE dq_history_tallies ENABLE ROW LEVEL SECURITY;
+CREATE POLICY dq_history_tallies_unless_isolated ON dq_history_tallies
+USING ((SELECT NOT pg_catalog.row_security_active('@extschema@.dq_messages'::regclass)));
+
+-- The histogram bin of a duration: 0 below 1 ms, else b >= 1 holding
+-- [1.1^(b-1), 1.1^b) ms, so that a bin's middle (dq__bin_duration) is
+-- within 5 % of every duration in it. NULL for NULL.
+CREATE FUNCTION dq__duration_bin(d interval) RETURNS smallint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN d IS NULL THEN NULL
+        WHEN pg_catalog.date_part('epoch', d) OPERATOR(pg_catalog.<) 0.001 THEN 0
+        ELSE (1 OPERATOR(pg_catalog.+) pg_catalog.floor(
+            pg_catalog.ln(pg_catalog.date_part('epoch', d) OPERATOR(pg_catalog.*) 1000)
+            OPERATOR(pg_catalog./) pg_catalog.ln(1.1::double precision)
+        ))::smallint
+    END
+$$;
+
+-- The duration a histogram bin stands for: its geometric middle (bin 0:
+-- half a millisecond).
+CREATE FUNCTION dq__bin_duration(bin smallint) RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE
+        WHEN bin OPERATOR(pg_catalog.=) 0 THEN interval '0.5 milliseconds'
+        ELSE pg_catalog.make_interval(secs => 1.1::double precision
+            OPERATOR(pg_catalog.^) (bin OPERATOR(pg_catalog.-) 0.5) OPERATOR(pg_catalog./) 1000)
+    END
+$$;
+
+-- Fold the history deltas this transaction can lock into per-second and
+-- per-minute tallies, merged with the tallies of the same seconds and
+-- minutes it can lock. Never waits: rows another fold holds are left.
+CREATE FUNCTION dq__fold_history() RETURNS void
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET jit = off  -- see 12_counts.sql (dq__fold_counts)
+AS $$
+    WITH taken AS (
+        DELETE FROM @extschema@.dq_history_deltas AS d
+        WHERE d.ctid = ANY (ARRAY(SELECT l.ctid FROM @extschema@.dq_history_deltas AS l FOR UPDATE SKIP LOCKED))
+        RETURNING d.queue, d.at, d.measure, d.bin, d.n
+    ),
+    summed AS (
+        SELECT t.queue, w.width, pg_catalog.date_bin(pg_catalog.make_interval(secs => w.width), t.at, 'epoch') AS at,
+            t.measure, t.bin, t.n
+        FROM taken AS t
+        CROSS JOIN (VALUES (1::smallint), (60::smallint)) AS w (width)
+    ),
+    spans AS (
+        SELECT DISTINCT s.queue, s.width, s.at FROM summed AS s
+    ),
+    merged AS (
+        DELETE FROM @extschema@.dq_history_tallies AS y
+        WHERE y.ctid = ANY (ARRAY(
+            SELECT t.ctid
+            FROM @extschema@.dq_history_tallies AS t
+            INNER JOIN spans AS p ON t.queue = p.queue AND t.width = p.width AND t.at = p.at
+            FOR UPDATE OF t SKIP LOCKED
+        ))
+        RETURNING y.queue, y.width, y.at, y.measure, y.bin, y.n
+    )
+    INSERT INTO @extschema@.dq_history_tallies (queue, width, at, measure, bin, n)
+    SELECT a.queue, a.width, a.at, a.measure, a.bin, sum(a.n)
+    FROM (
+        SELECT s.queue, s.width, s.at, s.measure, s.bin, s.n FROM summed AS s
+        UNION ALL
+        SELECT m.queue, m.width, m.at, m.measure, m.bin, m.n FROM merged AS m
+    ) AS a
+    GROUP BY 1, 2, 3, 4, 5;
+$$;
+
+-- Delete up to max_rows records (and as many tallies) older than their
+-- queue's period, per queue, oldest first; rows another expiry holds are
+-- left. Never waits.
+CREATE FUNCTION dq__expire_history(max_rows integer) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+DECLARE
+    v_now timestamptz := @extschema@.dq_now();
+    v_queue record;
+BEGIN
+    FOR v_queue IN
+        SELECT q.queue, q.history_keep FROM @extschema@.dq_queues AS q
+        WHERE q.history_keep IS NOT NULL
+        ORDER BY q.queue
+    LOOP
+        DELETE FROM @extschema@.dq_history AS h
+        WHERE h.ctid = ANY (ARRAY(
+            SELECT o.ctid FROM @extschema@.dq_history AS o
+            WHERE o.queue = v_queue.queue AND o.finished_at < v_now - v_queue.history_keep
+            ORDER BY o.finished_at
+            LIMIT max_rows
+            FOR UPDATE SKIP LOCKED
+        ));
+        DELETE FROM @extschema@.dq_history_tallies AS y
+        WHERE y.ctid = ANY (ARRAY(
+            SELECT o.ctid FROM @extschema@.dq_history_tallies AS o
+            WHERE o.queue = v_queue.queue AND o.width IN (1, 60)
+                AND o.at < v_now - v_queue.history_keep - interval '1 minute'
+            LIMIT max_rows
+            FOR UPDATE SKIP LOCKED
+        ));
+    END LOOP;
+END
+$$;
+
+-- Keep a record of each message of queue that leaves it from now on, for
+-- keep (NULL: stop; records already kept age out as before).
+CREATE FUNCTION dq_retain(queue text, keep interval) RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_retain.queue);
+    IF keep <= interval '0' OR keep > interval '3650 days' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('pgdq: keep must be positive and at most 3650 days, or NULL, got %s', keep);
+    END IF;
+    INSERT INTO @extschema@.dq_queues AS q (queue, retain, history_keep)
+    VALUES (dq_retain.queue, keep, keep)
+    ON CONFLICT (queue) DO UPDATE
+        SET retain = excluded.retain,
+            history_keep = coalesce(excluded.history_keep, q.history_keep);
+END
+$$;
+
+-- queue's records (with key: that key's), newest finish first, ties by id
+-- descending; at most max_count.
+CREATE FUNCTION dq_history(queue text, key text DEFAULT NULL, max_count integer DEFAULT 100)
+RETURNS TABLE (
+    queue text,
+    key text,
+    id bigint,
+    outcome text,
+    payload jsonb,
+    state jsonb,
+    channel text,
+    priority integer,
+    created_at timestamptz,
+    scheduled_at timestamptz,
+    last_leased_at timestamptz,
+    finished_at timestamptz,
+    attempts integer,
+    last_error text,
+    headers jsonb
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_history.queue);
+    SELECT @extschema@.dq__check_key(dq_history.key, 'key') WHERE dq_history.key IS NOT NULL;
+    SELECT @extschema@.dq__null_check(dq_history.max_count IS NULL, 'max_count');
+    SELECT
+        h.queue::text, h.key::text, h.id, h.outcome, h.payload, h.state, nullif(h.channel, '')::text,
+        h.priority, h.created_at, h.scheduled_at, h.last_leased_at, h.finished_at, h.attempts,
+        h.last_error, h.headers
+    FROM @extschema@.dq_queues AS q
+    CROSS JOIN @extschema@.dq_now() AS n (now_at)
+    CROSS JOIN LATERAL (
+        (
+            SELECT a.* FROM @extschema@.dq_history AS a
+            WHERE dq_history.key IS NULL AND a.queue = q.queue
+                AND a.finished_at >= n.now_at - q.history_keep
+            ORDER BY a.finished_at DESC, a.id DESC
+            LIMIT greatest(dq_history.max_count, 0)
+        )
+        UNION ALL
+        (
+            SELECT k.* FROM @extschema@.dq_history AS k
+            WHERE dq_history.key IS NOT NULL AND k.queue = q.queue AND k.key = dq_history.key
+                AND k.finished_at >= n.now_at - q.history_keep
+            ORDER BY k.finished_at DESC, k.id DESC
+            LIMIT greatest(dq_history.max_count, 0)
+        )
+    ) AS h
+    WHERE q.queue = dq_history.queue AND q.history_keep IS NOT NULL
+    ORDER BY h.finished_at DESC, h.id DESC;
+$$;
+
+-- The percentile p (0 < p <= 1) of a histogram (bins and their counts):
+-- the middle of the bin holding the ceil(p * total)-th duration; NULL when
+-- empty.
+CREATE FUNCTION dq__histogram_percentile(bins smallint[], counts bigint[], p double precision) RETURNS interval
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@.dq__bin_duration(c.bin)
+    FROM (
+        SELECT h.bin,
+            pg_catalog.sum(h.n) OVER (ORDER BY h.bin) AS running,
+            pg_catalog.sum(h.n) OVER () AS total
+        FROM ROWS FROM (pg_catalog.unnest(bins), pg_catalog.unnest(counts)) AS h (bin, n)
+    ) AS c
+    WHERE c.running OPERATOR(pg_catalog.>=) pg_catalog.ceil(p OPERATOR(pg_catalog.*) c.total)
+    ORDER BY c.bin
+    LIMIT 1
+$$;
+
+-- queue's records counted per bucket of bucket (1 second to 1 day),
+-- from the bucket holding since to now, oldest first: buckets with a
+-- record only. From the minute tallies when bucket is whole minutes, the
+-- second tallies when it is whole seconds, else from the records.
+CREATE FUNCTION dq_history_stats(queue text, since timestamptz, bucket interval)
+RETURNS TABLE (
+    bucket_at timestamptz,
+    acked bigint,
+    dead bigint,
+    cancelled bigint,
+    lateness_p50 interval,
+    lateness_p99 interval,
+    run_p50 interval,
+    run_p99 interval
+)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := @extschema@.dq_now();
+    v_keep interval;
+    v_seconds numeric;
+    v_width smallint;
+    v_from timestamptz;
+    v_cut timestamptz;       -- records finished before it have aged out
+    v_cut_second timestamptz;  -- the first whole second after it (or it)
+    v_cut_width timestamptz;   -- the first whole tally after it (or it)
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_history_stats.queue);
+    PERFORM @extschema@.dq__null_check(since IS NULL, 'since');
+    PERFORM @extschema@.dq__null_check(bucket IS NULL, 'bucket');
+    PERFORM @extschema@.dq__check_time(since, 'since');
+    v_seconds := pg_catalog.date_part('epoch', bucket)::numeric;
+    IF bucket < interval '1 second' OR bucket > interval '1 day' THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('pgdq: bucket must be from 1 second to 1 day, got %s', bucket);
+    END IF;
+    v_from := pg_catalog.date_bin(bucket, since, 'epoch');
+    IF since <= v_now AND (pg_catalog.date_part('epoch', v_now) - pg_catalog.date_part('epoch', v_from)) / v_seconds >= 10000 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format(
+                'pgdq: since and bucket must span at most 10000 buckets up to now, got %s buckets of %s',
+                pg_catalog.ceil((pg_catalog.date_part('epoch', v_now) - pg_catalog.date_part('epoch', v_from)) / v_seconds), bucket
+            );
+    END IF;
+    v_keep := (SELECT q.history_keep FROM @extschema@.dq_queues AS q WHERE q.queue = dq_history_stats.queue);
+    IF v_keep IS NULL THEN
+        RETURN;
+    END IF;
+    v_width := CASE
+        WHEN v_seconds % 60 = 0 THEN 60
+        WHEN v_seconds % 1 = 0 THEN 1
+    END;
+    -- what has not aged out: whole tallies after the cut, and the seconds
+    -- between the cut and the first whole tally
+    v_cut := v_now - v_keep;
+    v_cut_second := pg_catalog.date_bin('1 second', v_cut - interval '1 microsecond', 'epoch') + interval '1 second';
+    v_cut_width := pg_catalog.date_bin(
+        make_interval(secs => coalesce(v_width, 1)), v_cut - interval '1 microsecond', 'epoch'
+    ) + make_interval(secs => coalesce(v_width, 1));
+
+    RETURN QUERY
+    WITH counted AS (
+        -- folded tallies of the period
+        SELECT pg_catalog.date_bin(bucket, t.at, 'epoch') AS b, t.measure, t.bin, t.n
+        FROM @extschema@.dq_history_tallies AS t
+        WHERE v_width IS NOT NULL AND t.queue = dq_history_stats.queue AND t.width = v_width
+            AND t.at >= v_from AND t.at >= v_cut_width
+        UNION ALL
+        -- the seconds before the first whole minute after the cut
+        SELECT pg_catalog.date_bin(bucket, t.at, 'epoch') AS b, t.measure, t.bin, t.n
+        FROM @extschema@.dq_history_tallies AS t
+        WHERE v_width = 60 AND t.queue = dq_history_stats.queue AND t.width = 1
+            AND t.at >= v_from AND t.at >= v_cut_second AND t.at < v_cut_width
+        UNION ALL
+        -- and the deltas not yet folded
+        SELECT pg_catalog.date_bin(bucket, d.at, 'epoch'), d.measure, d.bin, d.n
+        FROM @extschema@.dq_history_deltas AS d
+        WHERE v_width IS NOT NULL AND d.queue = dq_history_stats.queue AND d.at >= v_from
+            AND d.at >= v_cut_second
+        UNION ALL
+        -- or the records themselves, for a bucket of a fraction of a second
+        SELECT pg_catalog.date_bin(bucket, r.finished_at, 'epoch'), m.measure,
+            CASE m.measure
+                WHEN 'l' THEN @extschema@.dq__duration_bin(r.lateness)
+                WHEN 'r' THEN @extschema@.dq__duration_bin(r.finished_at - r.last_leased_at)
+                ELSE 0::smallint
+            END,
+            1::bigint
+        FROM @extschema@.dq_history AS r
+        CROSS JOIN LATERAL @extschema@.dq__history_measures(r.outcome, r.last_leased_at) AS m (measure)
+        WHERE v_width IS NULL AND r.queue = dq_history_stats.queue AND r.finished_at >= v_from
+            AND r.finished_at >= v_cut
+    ),
+    binned AS (
+        SELECT c.b, c.measure, c.bin, sum(c.n)::bigint AS n
+        FROM counted AS c
+        GROUP BY 1, 2, 3
+    )
+    SELECT
+        x.b,
+        coalesce(sum(x.n) FILTER (WHERE x.measure = 'a'), 0)::bigint,
+        coalesce(sum(x.n) FILTER (WHERE x.measure = 'd'), 0)::bigint,
+        coalesce(sum(x.n) FILTER (WHERE x.measure = 'c'), 0)::bigint,
+        @extschema@.dq__histogram_percentile(
+            array_agg(x.bin) FILTER (WHERE x.measure = 'l'), array_agg(x.n) FILTER (WHERE x.measure = 'l'), 0.5),
+        @extschema@.dq__histogram_percentile(
+            array_agg(x.bin) FILTER (WHERE x.measure = 'l'), array_agg(x.n) FILTER (WHERE x.measure = 'l'), 0.99),
+        @extschema@.dq__histogram_percentile(
+            array_agg(x.bin) FILTER (WHERE x.measure = 'r'), array_agg(x.n) FILTER (WHERE x.measure = 'r'), 0.5),
+        @extschema@.dq__histogram_percentile(
+            array_agg(x.bin) FILTER (WHERE x.measure = 'r'), array_agg(x.n) FILTER (WHERE x.measure = 'r'), 0.99)
+    FROM binned AS x
+    WHERE x.b <= v_now
+    GROUP BY x.b
+    HAVING sum(x.n) FILTER (WHERE x.measure IN ('a', 'd', 'c', 'p')) > 0
+    ORDER BY x.b;
+END
+$$;
+
+-- The measures one record counts in: its outcome ('a', 'd', 'c' or 'p'),
+-- and for an acked or dead message that was delivered its lateness ('l')
+-- and run time ('r').
+CREATE FUNCTION dq__history_measures(outcome text, last_leased_at timestamptz) RETURNS SETOF "char"  -- noqa: RF06
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.left(outcome, 1)::"char"
+    UNION ALL
+    SELECT m.measure
+    FROM (VALUES ('l'::"char"), ('r'::"char")) AS m (measure)
+    WHERE outcome OPERATOR(pg_catalog.=) ANY (ARRAY['acked', 'dead'])
+        AND last_leased_at IS NOT NULL
+$$;
+
+-- Whether a statement's deletes are recorded, and with which outcome: the
+-- dq.outcome its function set ('acked', 'dead', 'cancelled', 'purged');
+-- NULL for any other delete.
+CREATE FUNCTION dq__deleting_outcome() RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT o.outcome
+    FROM (SELECT pg_catalog.current_setting('dq.outcome', true) AS outcome) AS o
+    WHERE o.outcome OPERATOR(pg_catalog.=) ANY (ARRAY['acked', 'dead', 'cancelled', 'purged'])
+$$;
