@@ -33,6 +33,7 @@ import psycopg
 import stats_cost
 from channels import w8_channels
 from common import fresh_db, n, server_ms
+from history_cost import w13_history
 from over_http import w9_http
 from pgdq import AsyncDelivery, Client, Queue, Worker
 from rich.console import Console
@@ -387,6 +388,7 @@ WORKLOADS = {
     "W9": w9_http,
     "W11": w11_stats,
     "W12": w12_upgrade,
+    "W13": w13_history,
 }
 
 

@@ -204,6 +204,19 @@ class PgdqKeyless(Pgdq):
         await h.send(payload)
 
 
+class PgdqHistory(Pgdq):
+    """pgdq as "pgdq", on a queue that keeps its history (dq_retain, 1.2):
+    every ack writes a record and its tallies (what W2 and W3 cost with it)."""
+
+    name = "pgdq history"
+    settings = Pgdq.settings + "; dq_retain(queue, '1 day')"
+
+    def setup(self, conninfo: str) -> None:
+        super().setup(conninfo)
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute("SELECT dq_retain(%s, '1 day')", (QUEUE,))
+
+
 class PgdqOlderSql(Pgdq):
     """pgdq's SQL of an earlier version through today's wrapper, acking through
     an AsyncClient: a Queue's lock-token calls pass its queue (1.2), which the
@@ -306,6 +319,16 @@ class PgdqSql(System):
 
     async def ack_one(self, h: Any, token: Any) -> None:
         await h.execute("SELECT dq_ack(%s)", (token,))
+
+
+class PgdqSqlHistory(PgdqSql):
+    """pgdq through its SQL functions, on a queue that keeps its history (1.2)."""
+
+    name = "pgdq SQL history"
+    settings = PgdqSql.settings + "; dq_retain(queue, '1 day')"
+
+    def setup(self, conninfo: str) -> None:
+        PgdqHistory().setup(conninfo)
 
 
 class PgdqSqlKeyless(PgdqSql):
@@ -538,6 +561,8 @@ SYSTEMS: dict[str, System] = {
         PgdqSql(),
         PgdqKeyless(),
         PgdqSqlKeyless(),
+        PgdqHistory(),
+        PgdqSqlHistory(),
         PgdqBeforeChannels(),
         PgdqReleased(),
         Pgmq(),

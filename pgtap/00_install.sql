@@ -1,7 +1,7 @@
 -- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
 -- defaults, security settings, the dq_delivery type, dq_now and dq_version.
 BEGIN;
-SELECT plan(126);
+SELECT plan(130);
 
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
@@ -174,6 +174,13 @@ INSERT INTO expected VALUES
     'bigint'
 ),
 ('dq_dead_purge_id', 'queue text, id bigint', 'bigint'),
+-- browsing a page at a time, run now (1.2, the dashboard's)
+(
+    'dq_browse',
+    'queue text, which text DEFAULT NULL::text, key_prefix text DEFAULT NULL::text, after_due_at timestamp with time zone DEFAULT NULL::timestamp with time zone, after_id bigint DEFAULT NULL::bigint, max_count integer DEFAULT 100',  -- noqa: LT05
+    'TABLE(key text, payload jsonb, state jsonb, scheduled_at timestamp with time zone, due_at timestamp with time zone, attempts integer, leased boolean, lease_until timestamp with time zone, last_error text, id bigint, headers jsonb)'  -- noqa: LT05
+),
+('dq_run_now', 'queue text, id bigint', 'boolean'),
 -- pause and resume, history (1.2)
 ('dq_pause', 'queue text', 'boolean'),
 ('dq_resume', 'queue text', 'boolean'),

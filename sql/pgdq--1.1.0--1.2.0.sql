@@ -143,7 +143,7 @@ CREATE TABLE @extschema@.dq_history (
     autovacuum_vacuum_threshold = 1000,
     autovacuum_vacuum_cost_delay = 0
 );
-CREATE INDEX dq_history_finished ON @extschema@.dq_history (queue, finished_at, id);
+CREATE INDEX dq_history_finished ON @extschema@.dq_history (queue, finished_at);
 CREATE INDEX dq_history_key ON @extschema@.dq_history (queue, key, finished_at, id)
 WHERE key IS NOT NULL;
 COMMENT ON TABLE @extschema@.dq_history IS
@@ -372,21 +372,28 @@ BEGIN
             r.created_at, r.scheduled_at, r.leased_at, v_now, r.attempts, r.last_error, r.headers,
             greatest(r.leased_at - r.leased_due_at, interval '0')
         FROM changed_rows AS r
-        INNER JOIN @extschema@.dq_queues AS q ON q.queue = r.queue
-        WHERE q.retain IS NOT NULL
-        RETURNING queue, outcome, last_leased_at, lateness
+        -- the queues keeping history, read once (not a probe per row)
+        WHERE r.queue = ANY (ARRAY(SELECT q.queue FROM @extschema@.dq_queues AS q WHERE q.retain IS NOT NULL))
+        RETURNING queue, last_leased_at, lateness
+    ),
+    -- one outcome a statement; lateness and run time of delivered messages
+    -- that were acked or are dead (dq__history_measures, spelled out here)
+    measured AS (
+        SELECT k.queue, left(v_outcome, 1)::"char" AS measure, 0::smallint AS bin
+        FROM kept AS k
+        UNION ALL
+        SELECT k.queue, 'l', @extschema@.dq__duration_bin(k.lateness)
+        FROM kept AS k
+        WHERE v_outcome IN ('acked', 'dead') AND k.last_leased_at IS NOT NULL
+        UNION ALL
+        SELECT k.queue, 'r', @extschema@.dq__duration_bin(v_now - k.last_leased_at)
+        FROM kept AS k
+        WHERE v_outcome IN ('acked', 'dead') AND k.last_leased_at IS NOT NULL
     )
     INSERT INTO @extschema@.dq_history_deltas (queue, at, measure, bin, n)
-    SELECT k.queue, date_bin('1 second', v_now, 'epoch'), m.measure,
-        CASE m.measure
-            WHEN 'l' THEN @extschema@.dq__duration_bin(k.lateness)
-            WHEN 'r' THEN @extschema@.dq__duration_bin(v_now - k.last_leased_at)
-            ELSE 0::smallint
-        END,
-        count(*)
-    FROM kept AS k
-    CROSS JOIN LATERAL @extschema@.dq__history_measures(k.outcome, k.last_leased_at) AS m (measure)
-    GROUP BY 1, 2, 3, 4;
+    SELECT m.queue, date_bin('1 second', v_now, 'epoch'), m.measure, m.bin, count(*)
+    FROM measured AS m
+    GROUP BY m.queue, m.measure, m.bin;
     GET DIAGNOSTICS v_recorded = ROW_COUNT;
     IF v_recorded > 0 AND current_setting('transaction_isolation') = 'read committed' THEN
         IF random() < 1.0 / 256 THEN
@@ -3577,6 +3584,119 @@ AS $$
     CROSS JOIN LATERAL (SELECT @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)) AS l (leased)
     ORDER BY m.due_at, m.key, m.id
     LIMIT dq_peek.max_count;
+$$;
+
+-- Browse queue a page at a time (1.2; the dashboard's list): as dq_peek,
+-- with only keys starting with key_prefix (NULL: any) and only messages
+-- after (after_due_at, after_id) in (due time, id) order, the last row of
+-- the page before (NULL: from the start). Without a prefix it reads the
+-- head of the queue's ranges of the poll indexes from that point; with one,
+-- the prefix's range of the key index (keyless messages have no key: none
+-- match a prefix), sorted.
+CREATE OR REPLACE FUNCTION dq_browse(
+    queue text,
+    which text DEFAULT NULL,
+    key_prefix text DEFAULT NULL,
+    after_due_at timestamptz DEFAULT NULL,
+    after_id bigint DEFAULT NULL,
+    max_count integer DEFAULT 100
+) RETURNS TABLE (
+    key text,
+    payload jsonb,
+    state jsonb,
+    scheduled_at timestamptz,
+    due_at timestamptz,
+    attempts integer,
+    leased boolean,
+    lease_until timestamptz,
+    last_error text,
+    id bigint,
+    headers jsonb
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_browse.queue);
+    SELECT @extschema@.dq__check_one_of(dq_browse.which, 'which', ARRAY['due', 'delayed', 'leased']);
+    SELECT @extschema@.dq__check_key(dq_browse.key_prefix, 'key_prefix') WHERE dq_browse.key_prefix IS NOT NULL;
+    SELECT @extschema@.dq__check_between(dq_browse.max_count, 'max_count', 1, 1000);
+    SELECT
+        m.key::text, m.payload, m.state, m.scheduled_at, m.due_at, m.attempts,
+        l.leased, CASE WHEN l.leased THEN m.due_at END, m.last_error, m.id, m.headers
+    FROM (
+        (
+            SELECT p.* FROM @extschema@.dq_messages AS p
+            WHERE dq_browse.key_prefix IS NULL
+                AND p.queue = dq_browse.queue AND p.channel = '' AND p.priority = 0
+                AND (dq_browse.after_due_at IS NULL OR (p.due_at, p.id) > (dq_browse.after_due_at, coalesce(dq_browse.after_id, 0)))
+                AND @extschema@.dq__in_condition(dq_browse.which, p.lock_token, p.due_at, @extschema@.dq_now())
+            ORDER BY p.due_at, p.id
+            LIMIT dq_browse.max_count
+        )
+        UNION ALL
+        (
+            SELECT g.* FROM @extschema@.dq_messages AS g
+            WHERE dq_browse.key_prefix IS NULL
+                AND g.queue = dq_browse.queue AND (g.channel <> '' OR g.priority <> 0)
+                AND (dq_browse.after_due_at IS NULL OR (g.due_at, g.id) > (dq_browse.after_due_at, coalesce(dq_browse.after_id, 0)))
+                AND @extschema@.dq__in_condition(dq_browse.which, g.lock_token, g.due_at, @extschema@.dq_now())
+            ORDER BY g.due_at, g.id
+            LIMIT dq_browse.max_count
+        )
+        UNION ALL
+        (
+            -- the prefix's range of the key index: from the prefix up to the
+            -- prefix followed by the last code point, then checked exactly
+            SELECT k.* FROM @extschema@.dq_messages AS k
+            WHERE dq_browse.key_prefix IS NOT NULL
+                AND k.queue = dq_browse.queue
+                AND k.key >= dq_browse.key_prefix AND k.key <= dq_browse.key_prefix || chr(1114111)
+                AND starts_with(k.key, dq_browse.key_prefix)
+                AND (dq_browse.after_due_at IS NULL OR (k.due_at, k.id) > (dq_browse.after_due_at, coalesce(dq_browse.after_id, 0)))
+                AND @extschema@.dq__in_condition(dq_browse.which, k.lock_token, k.due_at, @extschema@.dq_now())
+            ORDER BY k.due_at, k.id
+            LIMIT dq_browse.max_count
+        )
+    ) AS m
+    CROSS JOIN LATERAL (SELECT @extschema@.dq__is_leased(m.lock_token, m.due_at, @extschema@.dq_now())) AS l (leased)
+    ORDER BY m.due_at, m.id
+    LIMIT dq_browse.max_count;
+$$;
+
+-- Make queue's message id due now (1.2; the dashboard's "run now"): true
+-- when it was delayed (not leased, due later); a leased or due message is
+-- left as it is (false). Its scheduled_at, attempts and state stay.
+CREATE OR REPLACE FUNCTION dq_run_now(queue text, id bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := @extschema@.dq_now();
+    v_channel text;
+    v_priority integer;
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_run_now.queue);
+    PERFORM @extschema@.dq__null_check(dq_run_now.id IS NULL, 'id');
+    UPDATE @extschema@.dq_messages AS m
+    SET due_at = v_now
+    WHERE m.id = dq_run_now.id AND m.queue = dq_run_now.queue AND m.lock_token IS NULL AND m.due_at > v_now
+    RETURNING m.channel, m.priority INTO v_channel, v_priority;
+    IF NOT FOUND THEN
+        RETURN FALSE;
+    END IF;
+    IF v_channel = '' AND v_priority = 0 THEN
+        PERFORM @extschema@.dq__wake_if_head(dq_run_now.queue, v_now);
+        RETURN TRUE;
+    END IF;
+    -- its group comes due earlier (as an offer due now would make it)
+    IF v_channel <> '' THEN
+        PERFORM @extschema@.dq__groups_touch(dq_run_now.queue, ARRAY[v_channel], ARRAY[v_now], '{FALSE}', v_now);
+    END IF;
+    PERFORM @extschema@.dq__wake_if_first(dq_run_now.queue, v_now, v_now);
+    RETURN TRUE;
+END
 $$;
 
 -- Delete every message of queue; the count deleted.

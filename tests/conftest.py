@@ -150,6 +150,11 @@ def queue_name(request: pytest.FixtureRequest, database: str) -> Iterator[str]:
         def forget() -> None:
             c.execute("SELECT dq_purge(%s)", (name,))
             c.execute("DELETE FROM dq_groups WHERE queue = %s", (name,))
+            # settings (pause, retention: 1.2) and history: the queue's twin test starts afresh
+            c.execute("DELETE FROM dq_queues WHERE queue = %s", (name,))
+            for table in ("dq_history", "dq_history_deltas", "dq_history_tallies"):
+                if c.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone() == (True,):
+                    c.execute(sql.SQL("DELETE FROM {} WHERE queue = %s").format(sql.Identifier(table)), (name,))
 
         forget()
         yield name

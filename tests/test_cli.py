@@ -1,9 +1,10 @@
 """The `pgdq` command against a real server: offer (one, and JSON Lines,
 with what a bad line leaves behind, and --atomic), poll, ack, nack, peek,
-cancel, purge, stats, dead-letters, schedules; keyless messages (their id
-shown, named by --id); tokens printed whole on a narrow terminal and into a
-pipe; --json output, --schema and exit codes (pgdq not installed, a
-malformed --dsn, install errors: one line each)."""
+cancel, purge, stats, pause, resume, retain, history, dead-letters,
+schedules; keyless messages (their id shown, named by --id); tokens
+printed whole on a narrow terminal and into a pipe; --json output,
+--schema and exit codes (pgdq not installed, a malformed --dsn, install
+errors: one line each)."""
 
 from __future__ import annotations
 
@@ -222,6 +223,98 @@ def test_keyless_messages_show_their_id_and_are_named_by_it(database: str, queue
         assert q.dead_letters() == []
         (back,) = q.peek()
         assert back.key is None and back.id == redriven["id"] and back.raw_payload == "a"
+
+
+def test_pause_and_resume_say_whether_they_changed_anything(database: str, queue_name: str) -> None:
+    with Queue(queue_name, database) as q:
+        q.offer("a", 1)
+    paused = pgdq(database, "pause", queue_name)
+    assert paused.exit_code == 0 and paused.output == f"{queue_name}: paused\n"
+    assert as_json(pgdq(database, "pause", "--json", queue_name)) == {
+        "queue": queue_name,
+        "paused": True,
+        "changed": False,
+    }, "already paused: exit 0, nothing changed"
+    assert as_json(pgdq(database, "poll", "--json", queue_name)) == [], "a paused queue leases nothing"
+    (row,) = as_json(pgdq(database, "stats", "--json", queue_name))
+    assert (row["ready"], row["paused"]) == (1, True)
+    (line,) = pgdq(database, "stats", queue_name).output.splitlines()
+    assert line.split("\t")[0] == queue_name and line.endswith("\tpaused"), "stats shows it, last"
+    resumed = pgdq(database, "resume", queue_name)
+    assert resumed.exit_code == 0 and resumed.output == f"{queue_name}: resumed\n"
+    assert pgdq(database, "resume", queue_name).output == f"{queue_name}: not paused\n"
+    (line,) = pgdq(database, "stats", queue_name).output.splitlines()
+    assert line.endswith("\t"), "a running queue's paused cell is empty"
+    assert [d["key"] for d in as_json(pgdq(database, "poll", "--json", queue_name))] == ["a"]
+
+
+def test_retain_and_history(database: str, queue_name: str) -> None:
+    assert as_json(pgdq(database, "retain", "--json", queue_name, "90s")) == {"queue": queue_name, "keep": 90.0}
+    said = pgdq(database, "retain", queue_name, "7d")
+    assert said.exit_code == 0 and said.output == f"{queue_name}: records kept for 7d\n"
+    with Queue(queue_name, database) as q:
+        q.offer_many([("a", {"n": 1}), ("b", 2)])
+        sent = q.send(3)
+        for d in q.poll_many(3):
+            if d.key == "a":
+                d.nack(error="Traceback ...\nValueError: first try")
+            elif d.key == "b":
+                d.dead_letter("broke")
+        (again,) = q.poll_many(1)
+        again.ack()
+        q.cancel_id(sent)
+    records = as_json(pgdq(database, "history", "--json", queue_name))
+    assert [(r["key"], r["outcome"]) for r in records] == [(None, "cancelled"), ("a", "acked"), ("b", "dead")]
+    a = records[1]
+    assert (a["payload"], a["attempts"], a["last_error"], a["queue"]) == (
+        {"n": 1},
+        2,
+        "Traceback ...\nValueError: first try",
+        queue_name,
+    )
+    assert a["finished_at"].endswith("Z") and records[0]["id"] == sent
+    assert [r["outcome"] for r in as_json(pgdq(database, "history", "--json", queue_name, "a"))] == ["acked"]
+    assert len(as_json(pgdq(database, "history", "--json", "--limit", "1", queue_name))) == 1
+    rows = [line.split("\t") for line in pgdq(database, "history", queue_name).output.splitlines()]
+    assert [(r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows] == [
+        ("cancelled", "", "1", "", "3", str(sent)),
+        ("acked", "a", "2", "ValueError: first try", '{"n": 1}', str(a["id"])),
+        ("dead", "b", "1", "", "2", str(records[2]["id"])),
+    ], "finished_at, outcome, key, attempts, last error's last line, payload, id"
+    assert rows[1][0] == a["finished_at"][:19] + "Z"
+    assert as_json(pgdq(database, "retain", "--json", queue_name, "off")) == {"queue": queue_name, "keep": None}
+    with Queue(queue_name, database) as q:
+        q.offer("c", 4)
+        (d,) = q.poll_many(1)
+        d.ack()
+    assert len(as_json(pgdq(database, "history", "--json", queue_name))) == 3, "off: no new record, the old stay"
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["retain", "{queue}", "7x"], 2, "'7x' is neither a duration"),
+        (["retain", "{queue}", "7"], 2, "'7' is neither a duration"),
+        (["retain", "{queue}", "1.5h"], 2, "'1.5h' is neither a duration"),
+        (["retain", "{queue}", "0s"], 2, "keep must be positive and at most 3650 days"),
+        (["retain", "{queue}", "3651d"], 2, "keep must be positive and at most 3650 days"),
+        (["retain", "q" * 101, "1h"], 2, "queue must be 1 to 100 characters"),
+        (["history", "{queue}", "k" * 201], 2, "key must be 1 to 200 characters"),
+        (["history", "{queue}", "--limit", "0"], 2, "0 is not in the range 1<=x<=1000"),
+        (["pause", "q" * 101], 2, "queue must be 1 to 100 characters"),
+        (["resume", ""], 2, "queue must be 1 to 100 characters"),
+    ],
+)
+def test_pause_retain_and_history_refuse_bad_input_and_write_nothing(
+    database: str, queue_name: str, args: list[str], code: int, message: str
+) -> None:
+    refused = pgdq(database, *(a.format(queue=queue_name) for a in args))
+    assert refused.exit_code == code and message in refused.output, refused.output
+    with Queue(queue_name, database) as q:
+        q.offer("a", 1)
+        (d,) = q.poll_many(1)
+        d.ack()
+        assert q.history() == [] and q.stats().paused is False, "no retention turned on, nothing paused"
 
 
 def jsonl(*items: dict[str, Any] | str) -> str:
@@ -477,6 +570,10 @@ NEEDS_PGDQ = [
     ["dead-letters", "redrive", "q"],
     ["dead-letters", "redrive", "q", "--id", "1"],
     ["dead-letters", "purge", "q", "--yes"],
+    ["pause", "q"],
+    ["resume", "q"],
+    ["retain", "q", "1h"],
+    ["history", "q"],
     ["worker", "--queue", "q", "--handler", "json:dumps"],
     ["upgrade"],
     ["uninstall", "--yes"],
@@ -566,7 +663,7 @@ def test_help_lists_whole_summaries() -> None:
         listed = CliRunner().invoke(main, [*args, "--help"], terminal_width=80)
         assert listed.exit_code == 0 and "..." not in listed.output.split("Commands:")[1], listed.output
     listed = CliRunner().invoke(main, ["--help"], terminal_width=80).output
-    purge = " ".join(listed.split("  purge ", 1)[1].split("\n  schedules")[0].split())
+    purge = " ".join(re.split(r"\n  \S", listed.split("  purge ", 1)[1])[0].split())  # up to the next command
     assert purge == "Delete every message of QUEUE (leased ones too; its dead letters stay)", "wrapped, not cut"
 
 

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
+from conftest import unsharded
 from http_server import Server, free_port, make_tokens, serve, waiting_polls
 from pgdq import Queue
+from pgdq.http._metrics import HistoryMetrics, _Families
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_for
 
 
@@ -266,10 +272,6 @@ def test_database_down_is_503() -> None:
 
 
 def test_metrics(api: httpx.Client, queue_name: str, q: Queue, database: str) -> None:
-    from datetime import UTC, datetime, timedelta
-
-    from prometheus_client.parser import text_string_to_metric_families
-
     later = datetime.now(UTC) + timedelta(hours=1)
     q.offer_many([("a", 1), ("b", 2), ("c", 3), ("d", 4), ("later", 5, later), ("later2", 6, later)])
     assert api.post(f"/v1/queues/{queue_name}/poll", json={"max": 1}).status_code == 200
@@ -296,3 +298,110 @@ def test_metrics(api: httpx.Client, queue_name: str, q: Queue, database: str) ->
     assert samples[("pgdq_queue_next_due_timestamp_seconds", queue_name, None, None)] == stats.next_due_at.timestamp()  # type: ignore[union-attr]
     assert samples[("pgdq_queue_oldest_ready_age_seconds", queue_name, None, None)] >= 0
     assert samples[("pgdq_http_requests_total", None, "/v1/queues/{queue}/poll", "200")] >= 1
+
+
+def metric_samples(text: str, queue: str) -> dict[tuple[str, str | None], float]:
+    """The samples of queue in a /metrics text, by name and outcome or quantile."""
+    return {
+        (s.name, s.labels.get("outcome") or s.labels.get("quantile")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("queue") == queue
+    }
+
+
+def finished(api: httpx.Client, queue: str) -> dict[str, float]:
+    """pgdq_queue_finished_total of queue in the server's /metrics, by outcome."""
+    samples = metric_samples(api.get("/metrics").text, queue)
+    return {outcome or "": v for (name, outcome), v in samples.items() if name == "pgdq_queue_finished_total"}
+
+
+def test_metrics_count_the_finished_messages_of_queues_with_retention(
+    api: httpx.Client, queue_name: str, q: Queue, database: str
+) -> None:
+    other = Queue(queue_name + "_kept_not", database)
+    other.offer("x", 1)
+    assert other.cancel("x")
+    q.retain(3600)
+    assert finished(api, queue_name) == {"acked": 0, "dead": 0, "cancelled": 0}, "counting begins"
+    q.offer_many([("a", 1), ("b", 2), ("c", 3), ("d", 4)])
+    a, b, c = q.poll_many(3)
+    a.ack()
+    b.dead_letter("broke")
+    assert q.cancel("d")
+    assert finished(api, queue_name) == {"acked": 1, "dead": 1, "cancelled": 1}
+    c.ack()
+    assert finished(api, queue_name) == {"acked": 2, "dead": 1, "cancelled": 1}
+    assert finished(api, other.name) == {}, "no retention, no counts"
+    q.offer("e", 5)
+    q.pause()
+    samples = metric_samples(api.get("/metrics").text, queue_name)
+    assert samples[("pgdq_queue_paused", None)] == 1
+    q.resume()
+    assert metric_samples(api.get("/metrics").text, queue_name)[("pgdq_queue_paused", None)] == 0
+
+
+@unsharded("the history metrics list the queues with retention from dq_queues, on the partitions")
+async def test_history_metrics_never_go_down_and_give_the_last_minutes_quantiles(
+    database: str, queue_name: str
+) -> None:
+    """HistoryMetrics on the database's clock (dq.now): counts by outcome since
+    the first scrape's minute that stay as the records age out, and the
+    lateness and run-time quantiles of the last whole minute."""
+    start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=10)
+
+    set_clock = "SELECT set_config('dq.now', %s, false)"
+
+    def at(seconds: float) -> tuple[str]:
+        """The clock's setting seconds after start."""
+        return ((start + timedelta(seconds=seconds)).isoformat(),)
+
+    with psycopg.connect(database, autocommit=True) as writer, Queue(queue_name, writer) as q:
+        q.retain(timedelta(minutes=15))
+        writer.execute(set_clock, at(10))
+        q.offer_many([("a", 1), ("b", 2)])
+        writer.execute(set_clock, at(12))
+        a, b = q.poll_many(2)
+        writer.execute(set_clock, at(15))
+        a.ack()
+        b.dead_letter("broke")
+        collector = HistoryMetrics()
+        async with (
+            await psycopg.AsyncConnection.connect(database, autocommit=True) as reader,
+            await psycopg.AsyncConnection.connect(database, autocommit=True) as another,
+        ):
+
+            async def scrape(seconds: float, conn: psycopg.AsyncConnection[Any] = reader) -> dict[Any, float]:
+                await conn.execute(set_clock, at(seconds))
+                registry = CollectorRegistry()
+                registry.register(_Families(await collector.families(conn, None)))
+                return metric_samples(generate_latest(registry).decode(), queue_name)
+
+            def counts(samples: dict[tuple[str, str | None], float]) -> list[float]:
+                return [samples[("pgdq_queue_finished_total", o)] for o in ("acked", "dead", "cancelled")]
+
+            first = await scrape(30)
+            assert counts(first) == [1, 1, 0] and ("pgdq_queue_lateness_seconds", "0.5") not in first
+            second = await scrape(70)  # the next minute: the first is the last whole one
+            assert counts(second) == [1, 1, 0]
+            assert second[("pgdq_queue_lateness_seconds", "0.5")] == pytest.approx(2, rel=0.05)
+            assert second[("pgdq_queue_lateness_seconds", "0.99")] == pytest.approx(2, rel=0.05)
+            assert second[("pgdq_queue_run_seconds", "0.5")] == pytest.approx(3, rel=0.05)
+            writer.execute(set_clock, at(75))
+            q.offer("c", 3)
+            assert q.cancel("c")
+            # two Prometheus servers at once: both read the first minute, the first answer closes it
+            third, twin = await asyncio.gather(scrape(150), scrape(150, another))
+            assert counts(third) == counts(twin) == [1, 1, 1], "the minute one closed is not counted twice"
+            assert ("pgdq_queue_run_seconds", "0.5") not in third, "the last whole minute delivered none"
+            aged = await scrape(20 * 60)  # every record past the queue's 15 minutes
+            assert counts(aged) == [1, 1, 1], "counters never go down"
+            left = await (await reader.execute("SELECT count(*) FROM dq_history(%s)", (queue_name,))).fetchone()
+            assert left == (0,), "the records aged out"
+            for seconds, key in ((20 * 60 + 5, "d"), (20 * 60 + 40, "e")):
+                writer.execute(set_clock, at(seconds))
+                q.offer(key, 4)
+                assert q.cancel(key)
+            assert counts(await scrape(20 * 60 + 50)) == [1, 1, 3]
+            q.retain(timedelta(seconds=30))
+            assert counts(await scrape(20 * 60 + 70)) == [1, 1, 3], "d aged out of a minute still open"

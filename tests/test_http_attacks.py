@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from http_server import Server, make_tokens, serve, waiting_polls
 from pgdq import Queue
@@ -80,6 +81,7 @@ def _bodies(lock_token: str) -> dict[tuple[str, str], Any]:
         ("POST", "dead-letters/purge"): {"all": True},
         ("PUT", "schedules/{name}"): {"expression": "0 0 1 1 *", "payload": 1},
         ("PUT", "channels/{channel}"): {"max_concurrency": 1},
+        ("PUT", "retention"): {"keep": 60},
     }
 
 
@@ -107,28 +109,33 @@ def _routes(url: str, lock_token: str) -> list[tuple[str, str, Any]]:
 
 
 def _state(s: Server, admin: str, queue: str) -> list[Any]:
-    """What the admin token reads of queue: its stats, message k, dead letters, schedules, channels."""
+    """What the admin token reads of queue: its stats (paused too), message k, dead letters, schedules,
+    channels, history."""
     h = {"authorization": f"Bearer {admin}"}
-    reads = ["stats", "messages/k", "dead-letters", "schedules", "channels"]
+    reads = ["stats", "messages/k", "dead-letters", "schedules", "channels", "history"]
     return [httpx.get(f"{s.url}/v1/queues/{queue}/{r}", headers=h).json() for r in reads]
 
 
 def test_every_route_refuses_alike_whether_its_queue_exists(
-    guarded: tuple[Server, dict[str, str]], queue_name: str, q: Queue
+    guarded: tuple[Server, dict[str, str]], queue_name: str, q: Queue, conn: psycopg.Connection[Any]
 ) -> None:
     """Each route of /openapi.json and of the dashboard, for no token, an expired
     token, a token of another queue (bearer, and as the cookie from the
     dashboard's own page): 401 / 403 (303 to the login form for a page), the
     same answer for a queue holding a message, a lease, a dead letter, a
-    schedule and a channel as for a queue that does not exist, never naming
-    the queue, and nothing of the queue changed."""
+    schedule, a channel and history as for a queue that does not exist, never
+    naming the queue, and nothing of the queue changed (its retention too)."""
     s, secrets = guarded
-    q.offer_many([("k", 1), ("leased", 2), ("dead", 3)])
+    q.retain(3600)
+    q.offer_many([("k", 1), ("leased", 2), ("dead", 3), ("gone", 4)])
+    assert q.cancel("gone")
     leased, dead = q.poll_many(2, lease=600)
     dead.dead_letter("boom")
     q.schedule("s", "0 0 1 1 *", "UTC", 1)
     q.set_channel("c", max_concurrency=1)
     before = _state(s, secrets["admin"], queue_name)
+    retention = "SELECT retain FROM dq_queues WHERE queue = %s"
+    kept = conn.execute(retention, (queue_name,)).fetchall()
     missing = f"missing-{queue_name}"[:100]
     same_page = {"origin": s.url, "sec-fetch-site": "same-origin"}
     callers: dict[str, dict[str, Any]] = {
@@ -151,6 +158,7 @@ def test_every_route_refuses_alike_whether_its_queue_exists(
             assert answers[0] == answers[1], (who, method, template, answers)
             assert queue_name not in answers[0][1], (who, method, template, answers[0])
     assert _state(s, secrets["admin"], queue_name) == before
+    assert conn.execute(retention, (queue_name,)).fetchall() == kept == [(timedelta(hours=1),)]
     for path in ("/v1/stats", "/v1/dead-letters", "/metrics"):
         for who, how in callers.items():
             r = clients[who].get(path, headers=how.get("headers"))

@@ -87,3 +87,28 @@ def test_a_long_poll_through_a_router_wakes_on_an_offer_on_each_partition(routed
         took, body = answers[name]
         assert [d["payload"] for d in body["deliveries"]] == [name]
         assert took < WAIT / 2, f"the poll of {name} woke only after {took:.1f} s (its wait: {WAIT} s)"
+
+
+def test_pause_resume_retention_and_history_through_a_router(routed: Server, router: str) -> None:
+    """The managing routes of 1.2 run on each queue's partition; /metrics
+    answers without the history metrics, as a router cannot list the queues
+    with retention (no dq_queues there)."""
+    names = one_queue_per_partition(router)
+    with httpx.Client(base_url=routed.url, timeout=10) as api:
+        for name in names:
+            base = f"/v1/queues/{name}"
+            assert api.put(base + "/retention", json={"keep": 3600}).json() == {"keep": 3600.0}
+            assert api.post(base + "/messages", json={"key": "a", "payload": 1}).status_code == 200
+            assert api.post(base + "/pause").json() == {"paused": True, "changed": True}
+            assert api.get(base + "/stats").json()["paused"] is True
+            assert api.post(base + "/poll", json={}).json() == {"deliveries": []}
+            assert api.post(base + "/resume").json() == {"paused": False, "changed": True}
+            (d,) = api.post(base + "/poll", json={}).json()["deliveries"]
+            assert api.post(base + "/ack", json={"lock_tokens": [d["lock_token"]]}).json() == {"acked": 1}
+            assert [(r["key"], r["outcome"]) for r in api.get(base + "/history").json()] == [("a", "acked")]
+            (bucket,) = api.get(base + "/history/stats", params={"bucket": 86400}).json()
+            assert bucket["acked"] == 1
+            assert api.put(base + "/retention", json={"keep": None}).json() == {"keep": None}
+        metrics = api.get("/metrics")
+        assert metrics.status_code == 200 and "pgdq_queue_ready" in metrics.text
+        assert "pgdq_queue_finished_total" not in metrics.text

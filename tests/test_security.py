@@ -175,6 +175,8 @@ CALLS = {
     "dq_cancel_id": "SELECT dq_cancel_id(%(q)s, 1)",
     "dq_dead_redrive_id": "SELECT dq_dead_redrive_id(%(q)s, 1)",
     "dq_dead_purge_id": "SELECT dq_dead_purge_id(%(q)s, 1)",
+    "dq_browse": "SELECT * FROM dq_browse(%(q)s, NULL, 'rea')",
+    "dq_run_now": "SELECT dq_run_now(%(q)s, 1)",
     "dq_pause": "SELECT dq_pause(%(q)s)",
     "dq_resume": "SELECT dq_resume(%(q)s)",
     "dq_retain": "SELECT dq_retain(%(q)s, '1 day')",

@@ -154,6 +154,35 @@ def test_overviews_merge_every_partition(sharded: Sharded) -> None:
     purge(sharded.router, names)
 
 
+def test_pause_resume_and_history_through_a_router(sharded: Sharded) -> None:
+    """dq_pause, dq_resume, dq_retain, dq_history and dq_history_stats (1.2)
+    run on the partition owning the queue: each queue's state and records
+    are its own, wherever it lives."""
+    names = [f"history-{n}" for n in range(8)]
+    for name in names:
+        with Queue(name, sharded.router) as q:
+            q.retain(3600)
+            q.offer_many([("a", 1), ("b", 2)])
+            assert q.pause() and not q.pause()
+            assert q.poll_many(5) == [] and q.stats().paused is True
+            assert q.resume() and not q.resume()
+            for d in q.poll_many(5):
+                d.ack()
+            assert q.cancel("a") is False
+    with Client(sharded.router) as client:
+        assert all(s.paused is False for s in client.stats() if s.queue in names)
+    for name in names:
+        with Queue(name, sharded.router) as q:
+            assert sorted((r.key, r.outcome, r.queue) for r in q.history()) == [
+                ("a", "acked", name),
+                ("b", "acked", name),
+            ]
+            (bucket,) = q.history_stats(datetime.now(UTC) - timedelta(hours=1), timedelta(days=1))
+            assert (bucket.acked, bucket.dead, bucket.cancelled) == (2, 0, 0)
+            q.retain(None)
+    purge(sharded.router, names)
+
+
 def test_the_command_line_refuses_an_atomic_import_through_a_router(sharded: Sharded) -> None:
     lines = '{"key": "a", "payload": 1}\n'
     atomic = subprocess.run(

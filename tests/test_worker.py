@@ -126,6 +126,35 @@ def test_an_ack_that_frees_a_slot_wakes_the_idle_worker(database: str, queue_nam
     assert handled[0] - acked_at < 0.5, "woken by the ack, not at the end of the lease"
 
 
+def test_a_worker_on_a_paused_queue_idles_and_picks_up_on_resume(
+    database: str, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dq_pause (1.2): the idle worker sleeps (dq_next_due is NULL) instead of
+    polling in a loop; dq_resume's wake-up starts it at once, long before its
+    idle_cap (an hour here) would."""
+    polls: list[str] = []
+    original = AsyncQueue.poll_many
+
+    async def counted(self: AsyncQueue, *args: Any, **kwargs: Any) -> list[AsyncDelivery]:
+        polls.append(self.name)
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncQueue, "poll_many", counted)
+    handled: list[Any] = []
+    with Queue(queue_name, database) as q:
+        q.pause()
+        q.offer("waiting", 1)
+        worker = Worker(queue_name, lambda d: handled.append(d.payload), dsn=database, idle_cap=timedelta(hours=1))
+        with running(worker):
+            wait_for(lambda: polls, "the worker's first poll")
+            q.offer("woken", 2)  # a wake-up: the worker polls once more, finds the queue paused
+            time.sleep(1.0)  # a window to watch: a polling loop would poll several times in it
+            assert handled == [] and len(polls) <= 3, f"paused: nothing handled, no poll loop ({len(polls)} polls)"
+            q.resume()
+            wait_for(lambda: len(handled) == 2, "both messages after the resume's wake-up")
+    assert sorted(handled) == [1, 2]
+
+
 def test_failures_back_off_then_dead_letter(
     database: str, queue_name: str, worker_log: pytest.LogCaptureFixture
 ) -> None:

@@ -20,6 +20,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from . import _statements as st
+from . import _tracing
 from .codec import Codec, JsonCodec, dumps_array
 from .errors import PayloadDecodeError, StaleToken, translate
 from .model import (
@@ -356,6 +357,7 @@ class AsyncQueue(_AsyncBase):
 
     # producing
 
+    @_tracing.producer
     async def offer(
         self,
         key: str,
@@ -372,7 +374,9 @@ class AsyncQueue(_AsyncBase):
         groups it (the queue shares its polls fairly between channels and holds
         each to its limits: set_channel); priority orders it within its group,
         highest first; headers a dict (a JSON object) kept with it, replaced
-        by an update, kept by an ignored offer (1.2)."""
+        by an update, kept by an ignored offer (1.2). When tracing, headers
+        gain the trace context (docs/observability.md)."""
+        headers = _tracing.inject(headers)
         params = (self.name, key, self.codec.dumps(payload), st.aware(scheduled_at, "scheduled_at"), can_update)
         if headers is not None:
             grouped = (*params, channel, st.priority(priority), st.headers(headers))
@@ -381,6 +385,7 @@ class AsyncQueue(_AsyncBase):
             return OfferOutcome(await self._value("offer", params, conn))
         return OfferOutcome(await self._value("offer_grouped", (*params, channel, priority), conn))
 
+    @_tracing.producer
     async def offer_many(
         self,
         messages: Iterable[Message | tuple[Any, ...]],
@@ -391,6 +396,7 @@ class AsyncQueue(_AsyncBase):
         """Offer a batch (dq_offer_many): one result per element, in order.
         Elements are Messages or tuples (key, payload[, scheduled_at[, channel[, priority[, headers]]]])."""
         batch = st.split_messages(messages)
+        batch = batch._replace(headers=_tracing.inject_document(batch.headers, len(batch.keys)))
         params = (self.name, batch.keys, dumps_array(self.codec, batch.payloads), batch.times, can_update)
         if batch.headers is not None:
             headed = (*params, batch.channels, batch.priorities, batch.headers)
@@ -401,6 +407,7 @@ class AsyncQueue(_AsyncBase):
             rows = await self._rows("offer_many_grouped", (*params, batch.channels, batch.priorities), conn)
         return [OfferResult(key, _OUTCOMES[outcome]) for key, (outcome,) in zip(batch.keys, rows, strict=True)]
 
+    @_tracing.producer
     async def send(
         self,
         payload: Any,
@@ -422,10 +429,11 @@ class AsyncQueue(_AsyncBase):
             st.aware(scheduled_at, "scheduled_at"),
             channel,
             st.priority(priority),
-            st.headers(headers),
+            st.headers(_tracing.inject(headers)),
         )
         return int(await self._value("send", params, conn))
 
+    @_tracing.producer
     async def send_many(
         self,
         payloads: Iterable[Any],
@@ -441,6 +449,7 @@ class AsyncQueue(_AsyncBase):
         headers are None or one element per payload, a None element meaning
         the default (now, no channel, 0, no headers), as send takes them."""
         batch = st.split_sends(payloads, scheduled_ats, channels, priorities, headers)
+        batch = batch._replace(headers=_tracing.inject_document(batch.headers, len(batch.payloads)))
         params = (
             self.name,
             dumps_array(self.codec, batch.payloads),
@@ -521,6 +530,34 @@ class AsyncQueue(_AsyncBase):
         that message's decode_error is set (as for a delivery)."""
         rows = await self._rows("peek", (self.name, which, max_count), conn)
         return [self._peeked(row) for row in rows]
+
+    async def browse(
+        self,
+        which: str | None = None,
+        *,
+        key_prefix: str | None = None,
+        after: PeekedMessage | None = None,
+        max_count: int = 100,
+        conn: AsyncConnection[Any] | None = None,
+    ) -> list[PeekedMessage]:
+        """A page of messages in (due time, id) order, as peek sees them
+        (dq_browse, 1.2): which as for peek, only keys starting with
+        key_prefix if given, only after the message after (the last of the
+        page before; None: from the start)."""
+        params = (
+            self.name,
+            which,
+            key_prefix,
+            None if after is None else after.due_at,
+            None if after is None else after.id,
+            max_count,
+        )
+        return [self._peeked(row) for row in await self._rows("browse", params, conn)]
+
+    async def run_now(self, id: int, *, conn: AsyncConnection[Any] | None = None) -> bool:
+        """Make the delayed message id due now (dq_run_now, 1.2): True when it
+        was delayed; a leased or due message is left as it is (False)."""
+        return bool(await self._value("run_now", (self.name, st.message_id(id)), conn))
 
     def _peeked(self, row: tuple[Any, ...]) -> PeekedMessage:
         """A peeked message of a dq_peek row (its fields in the row's order);

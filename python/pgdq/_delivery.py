@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, TypeVar
 
+from . import _tracing
 from ._async_queue import AsyncDelivery, AsyncQueue
 from ._reconnect import DATABASE_ERRORS, RetryDelays, describe, retrying
 from ._words import count
@@ -42,6 +43,8 @@ class Running:
     ours: bool = True  # the outcome is ours to write: not once the lease was lost or handed back
     task: asyncio.Task[Any] | None = None  # the async handler's task
     seconds: float | None = None  # how long the handler ran (None: it did not run)
+    error: BaseException | None = None  # the handler's error (or the payload's), for the trace
+    why: str | None = None  # why it failed or was dead-lettered, in words, for the trace
 
     def give_up(self) -> None:
         """The outcome is no longer ours: lease_lost() turns true, an async handler is cancelled."""
@@ -69,6 +72,21 @@ def lease_lost() -> bool:
 
 
 async def deliver(run: Running) -> Outcome:
+    """Handle the delivery (_handle); when tracing, inside a CONSUMER span
+    continuing the trace its headers carry, its status the outcome (pgdq._tracing)."""
+    traced = _tracing.consuming(run.delivery)
+    if traced is None:
+        return await _handle(run)
+    try:
+        outcome = await _handle(run)
+    except BaseException as e:
+        traced.finish(None, e, None)
+        raise
+    traced.finish(outcome, run.error, run.why)
+    return outcome
+
+
+async def _handle(run: Running) -> Outcome:
     """Run the handler under a heartbeat, then ack, retry or dead-letter; an
     undecodable payload goes to the dead letters without a handler."""
     d = run.delivery
@@ -144,6 +162,7 @@ def _fail(run: Running, error: Exception) -> tuple[Settle, Outcome]:
     """The handler failed: nack it for after the backoff, the error kept with
     the message, or dead-letter it once max_attempts are used up."""
     d = run.delivery
+    run.error, run.why = error, describe(error)
     at = run.policy.next_try(d.attempts)
     if at is None:
         return _bury(run, error, describe(error))
@@ -162,6 +181,7 @@ def _bury(run: Running, error: BaseException | str, why: str) -> tuple[Settle, O
     """Dead-letter the delivery with error (an exception: its traceback), saying why."""
     d = run.delivery
     log.warning("%s dead-lettered (attempt %d of %d): %s", named(d), d.attempts, run.policy.max_attempts, why)
+    run.error, run.why = (None if isinstance(error, str) else error), why
     text = error if isinstance(error, str) else error_text(error)
     return partial(run.queue.dead_letter, d.lock_token, text), "dead_lettered"
 

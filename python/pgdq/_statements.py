@@ -100,6 +100,8 @@ _TEMPLATES: dict[str, str] = {
     # snapshot reads (pgdq.spark): payload and state as JSON text, as Spark takes them
     "read_bounds": "SELECT b.low, b.high FROM {fn}(%s, %s::text) AS b",
     # pause and resume, history (1.2)
+    "browse": "SELECT * FROM {fn}(%s, %s::text, %s::text, %s::timestamptz, %s::bigint, %s::integer)",
+    "run_now": "SELECT {fn}(%s, %s::bigint)",
     "pause": "SELECT {fn}(%s)",
     "resume": "SELECT {fn}(%s)",
     "retain": "SELECT {fn}(%s, %s::interval)",

@@ -18,6 +18,7 @@ from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
 from . import _statements as st
+from . import _tracing
 from .codec import Codec, JsonCodec, dumps_array
 from .errors import PayloadDecodeError, StaleToken, translate
 from .model import (
@@ -347,6 +348,7 @@ class Queue(_Base):
 
     # producing
 
+    @_tracing.producer
     def offer(
         self,
         key: str,
@@ -363,7 +365,9 @@ class Queue(_Base):
         groups it (the queue shares its polls fairly between channels and holds
         each to its limits: set_channel); priority orders it within its group,
         highest first; headers a dict (a JSON object) kept with it, replaced
-        by an update, kept by an ignored offer (1.2)."""
+        by an update, kept by an ignored offer (1.2). When tracing, headers
+        gain the trace context (docs/observability.md)."""
+        headers = _tracing.inject(headers)
         params = (self.name, key, self.codec.dumps(payload), st.aware(scheduled_at, "scheduled_at"), can_update)
         if headers is not None:
             grouped = (*params, channel, st.priority(priority), st.headers(headers))
@@ -372,6 +376,7 @@ class Queue(_Base):
             return OfferOutcome(self._value("offer", params, conn))
         return OfferOutcome(self._value("offer_grouped", (*params, channel, priority), conn))
 
+    @_tracing.producer
     def offer_many(
         self,
         messages: Iterable[Message | tuple[Any, ...]],
@@ -382,6 +387,7 @@ class Queue(_Base):
         """Offer a batch (dq_offer_many): one result per element, in order.
         Elements are Messages or tuples (key, payload[, scheduled_at[, channel[, priority[, headers]]]])."""
         batch = st.split_messages(messages)
+        batch = batch._replace(headers=_tracing.inject_document(batch.headers, len(batch.keys)))
         params = (self.name, batch.keys, dumps_array(self.codec, batch.payloads), batch.times, can_update)
         if batch.headers is not None:
             headed = (*params, batch.channels, batch.priorities, batch.headers)
@@ -392,6 +398,7 @@ class Queue(_Base):
             rows = self._rows("offer_many_grouped", (*params, batch.channels, batch.priorities), conn)
         return [OfferResult(key, _OUTCOMES[outcome]) for key, (outcome,) in zip(batch.keys, rows, strict=True)]
 
+    @_tracing.producer
     def send(
         self,
         payload: Any,
@@ -413,10 +420,11 @@ class Queue(_Base):
             st.aware(scheduled_at, "scheduled_at"),
             channel,
             st.priority(priority),
-            st.headers(headers),
+            st.headers(_tracing.inject(headers)),
         )
         return int(self._value("send", params, conn))
 
+    @_tracing.producer
     def send_many(
         self,
         payloads: Iterable[Any],
@@ -432,6 +440,7 @@ class Queue(_Base):
         headers are None or one element per payload, a None element meaning
         the default (now, no channel, 0, no headers), as send takes them."""
         batch = st.split_sends(payloads, scheduled_ats, channels, priorities, headers)
+        batch = batch._replace(headers=_tracing.inject_document(batch.headers, len(batch.payloads)))
         params = (
             self.name,
             dumps_array(self.codec, batch.payloads),
@@ -510,6 +519,34 @@ class Queue(_Base):
         that message's decode_error is set (as for a delivery)."""
         rows = self._rows("peek", (self.name, which, max_count), conn)
         return [self._peeked(row) for row in rows]
+
+    def browse(
+        self,
+        which: str | None = None,
+        *,
+        key_prefix: str | None = None,
+        after: PeekedMessage | None = None,
+        max_count: int = 100,
+        conn: Connection[Any] | None = None,
+    ) -> list[PeekedMessage]:
+        """A page of messages in (due time, id) order, as peek sees them
+        (dq_browse, 1.2): which as for peek, only keys starting with
+        key_prefix if given, only after the message after (the last of the
+        page before; None: from the start)."""
+        params = (
+            self.name,
+            which,
+            key_prefix,
+            None if after is None else after.due_at,
+            None if after is None else after.id,
+            max_count,
+        )
+        return [self._peeked(row) for row in self._rows("browse", params, conn)]
+
+    def run_now(self, id: int, *, conn: Connection[Any] | None = None) -> bool:
+        """Make the delayed message id due now (dq_run_now, 1.2): True when it
+        was delayed; a leased or due message is left as it is (False)."""
+        return bool(self._value("run_now", (self.name, st.message_id(id)), conn))
 
     def _peeked(self, row: tuple[Any, ...]) -> PeekedMessage:
         """A peeked message of a dq_peek row (its fields in the row's order);

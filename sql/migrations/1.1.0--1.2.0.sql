@@ -140,7 +140,7 @@ CREATE TABLE @extschema@.dq_history (
     autovacuum_vacuum_threshold = 1000,
     autovacuum_vacuum_cost_delay = 0
 );
-CREATE INDEX dq_history_finished ON @extschema@.dq_history (queue, finished_at, id);
+CREATE INDEX dq_history_finished ON @extschema@.dq_history (queue, finished_at);
 CREATE INDEX dq_history_key ON @extschema@.dq_history (queue, key, finished_at, id)
 WHERE key IS NOT NULL;
 COMMENT ON TABLE @extschema@.dq_history IS

@@ -177,21 +177,28 @@ BEGIN
             r.created_at, r.scheduled_at, r.leased_at, v_now, r.attempts, r.last_error, r.headers,
             greatest(r.leased_at - r.leased_due_at, interval '0')
         FROM changed_rows AS r
-        INNER JOIN @extschema@.dq_queues AS q ON q.queue = r.queue
-        WHERE q.retain IS NOT NULL
-        RETURNING queue, outcome, last_leased_at, lateness
+        -- the queues keeping history, read once (not a probe per row)
+        WHERE r.queue = ANY (ARRAY(SELECT q.queue FROM @extschema@.dq_queues AS q WHERE q.retain IS NOT NULL))
+        RETURNING queue, last_leased_at, lateness
+    ),
+    -- one outcome a statement; lateness and run time of delivered messages
+    -- that were acked or are dead (dq__history_measures, spelled out here)
+    measured AS (
+        SELECT k.queue, left(v_outcome, 1)::"char" AS measure, 0::smallint AS bin
+        FROM kept AS k
+        UNION ALL
+        SELECT k.queue, 'l', @extschema@.dq__duration_bin(k.lateness)
+        FROM kept AS k
+        WHERE v_outcome IN ('acked', 'dead') AND k.last_leased_at IS NOT NULL
+        UNION ALL
+        SELECT k.queue, 'r', @extschema@.dq__duration_bin(v_now - k.last_leased_at)
+        FROM kept AS k
+        WHERE v_outcome IN ('acked', 'dead') AND k.last_leased_at IS NOT NULL
     )
     INSERT INTO @extschema@.dq_history_deltas (queue, at, measure, bin, n)
-    SELECT k.queue, date_bin('1 second', v_now, 'epoch'), m.measure,
-        CASE m.measure
-            WHEN 'l' THEN @extschema@.dq__duration_bin(k.lateness)
-            WHEN 'r' THEN @extschema@.dq__duration_bin(v_now - k.last_leased_at)
-            ELSE 0::smallint
-        END,
-        count(*)
-    FROM kept AS k
-    CROSS JOIN LATERAL @extschema@.dq__history_measures(k.outcome, k.last_leased_at) AS m (measure)
-    GROUP BY 1, 2, 3, 4;
+    SELECT m.queue, date_bin('1 second', v_now, 'epoch'), m.measure, m.bin, count(*)
+    FROM measured AS m
+    GROUP BY m.queue, m.measure, m.bin;
     GET DIAGNOSTICS v_recorded = ROW_COUNT;
     IF v_recorded > 0 AND current_setting('transaction_isolation') = 'read committed' THEN
         IF random() < 1.0 / 256 THEN

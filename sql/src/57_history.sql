@@ -55,8 +55,10 @@ CREATE TABLE dq_history (
     autovacuum_vacuum_cost_delay = 0
 );
 
--- A queue's records by finish: dq_history, and expiry (oldest first).
-CREATE INDEX dq_history_finished ON dq_history (queue, finished_at, id);
+-- A queue's records by finish: dq_history, and expiry (oldest first). No
+-- id: a statement's records share their finish, so its entries are
+-- duplicates that the index stores as one (ties are few and sorted).
+CREATE INDEX dq_history_finished ON dq_history (queue, finished_at);
 
 -- A key's records by finish: dq_history with a key.
 CREATE INDEX dq_history_key ON dq_history (queue, key, finished_at, id)

@@ -1,10 +1,10 @@
 """The `pgdq` command.
 
 Installing: install, upgrade, uninstall, version. Messages: offer (one, or
-JSON Lines), peek, poll, ack, nack, cancel, purge, stats, channels. channel
-set|remove; dead-letters list|redrive|purge; schedules list|set|remove
-(kept by the database); worker; serve (HTTP) and token new; shard init
-(PL/Proxy).
+JSON Lines), peek, poll, ack, nack, cancel, purge, stats, channels. Queues:
+pause, resume, retain (history on or off), history. channel set|remove;
+dead-letters list|redrive|purge; schedules list|set|remove (kept by the
+database); worker; serve (HTTP) and token new; shard init (PL/Proxy).
 
 Every command takes --dsn (else PGDQ_DSN, DATABASE_URL or the PG* variables),
 --schema (else PGDQ_SCHEMA, else public) and --json (machine-readable output;
@@ -27,7 +27,20 @@ import click
 
 from .. import __version__
 from ._base import whole_summaries
-from ._manage import cancel, channel, channels, dead_letters, peek, purge, schedules, stats
+from ._manage import (
+    cancel,
+    channel,
+    channels,
+    dead_letters,
+    history,
+    pause,
+    peek,
+    purge,
+    resume,
+    retain,
+    schedules,
+    stats,
+)
 from ._messages import ack, nack, offer, poll
 from ._serve import serve, token
 from ._setup import install, uninstall, upgrade, version, worker
@@ -62,6 +75,10 @@ COMMANDS = (
     purge,
     stats,
     channels,
+    pause,
+    resume,
+    retain,
+    history,
 )
 for command in (*COMMANDS, channel, dead_letters, schedules, token, shard):
     main.add_command(command)

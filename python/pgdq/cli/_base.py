@@ -285,6 +285,16 @@ def _when(text: str | None, seconds: float | None) -> datetime | None:
         raise click.BadParameter(str(e), param_hint="--at") from e
 
 
+# A span's units: a number of them follows the number (90s, 30m, 12h, 7d, 8w)
+SPANS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_span(text: str, units: str = "smhdw") -> timedelta | None:
+    """text as a span (1 to 6 digits, then one of units), or None if it is not one."""
+    span = re.fullmatch(rf"([0-9]{{1,6}})([{units}])", text.strip())
+    return timedelta(**{SPANS[span[2]]: int(span[1])}) if span else None
+
+
 def _json_argument(text: str, name: str) -> Any:
     """A JSON argument's value; exit 2 when it is not JSON."""
     try:

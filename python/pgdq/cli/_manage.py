@@ -1,4 +1,5 @@
-"""`pgdq peek`, `cancel`, `purge`, `stats`, `channels …`, `dead-letters …` and `schedules …`."""
+"""`pgdq peek`, `cancel`, `purge`, `stats`, `pause`, `resume`, `retain`,
+`history`, `channels …`, `dead-letters …` and `schedules …`."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ._base import (
     _table,
     _when,
     common_options,
+    parse_span,
 )
 
 # --- looking and managing --------------------------------------------------------------
@@ -115,7 +117,7 @@ def purge(dsn: str | None, schema: str, as_json: bool, queue: str, yes: bool) ->
 @common_options
 @click.argument("queue", required=False)
 def stats(dsn: str | None, schema: str, as_json: bool, queue: str | None) -> None:
-    """Ready, delayed and leased counts per queue (of QUEUE, with its channels)."""
+    """Ready, delayed and leased counts per queue, and which are paused (of QUEUE, with its channels)."""
     with _client(dsn, schema) as client:
         found = client.stats(queue)
     channels = []
@@ -130,13 +132,110 @@ def stats(dsn: str | None, schema: str, as_json: bool, queue: str | None) -> Non
     def human() -> None:
         _table(
             "pgdq queues",
-            ["queue", "ready", "delayed", "leased", "oldest ready", "next due"],
-            [[r.queue, r.ready, r.delayed, r.leased, age(r.oldest_ready_at), r.next_due_at] for r in found],
+            ["queue", "ready", "delayed", "leased", "oldest ready", "next due", "paused"],
+            [
+                [
+                    r.queue,
+                    r.ready,
+                    r.delayed,
+                    r.leased,
+                    age(r.oldest_ready_at),
+                    r.next_due_at,
+                    "paused" if r.paused else "",
+                ]
+                for r in found
+            ],
         )
         if channels:
             _channel_table(queue or "", channels)
 
     _emit(found, as_json, human)  # --json keeps its shape: `pgdq channels QUEUE --json` has the channels
+
+
+# --- pausing --------------------------------------------------------------------------
+
+
+@click.command()
+@common_options
+@click.argument("queue")
+def pause(dsn: str | None, schema: str, as_json: bool, queue: str) -> None:
+    """Pause QUEUE: polls lease none of its messages until `pgdq resume`
+    (offers, acks and the rest go on); says whether it was running."""
+    with _queue(dsn, schema, queue) as q:
+        changed = q.pause()
+    _emit_state(queue, True, changed, "paused", "already paused", as_json)
+
+
+@click.command()
+@common_options
+@click.argument("queue")
+def resume(dsn: str | None, schema: str, as_json: bool, queue: str) -> None:
+    """Resume QUEUE, waking its waiting consumers; says whether it was paused."""
+    with _queue(dsn, schema, queue) as q:
+        changed = q.resume()
+    _emit_state(queue, False, changed, "resumed", "not paused", as_json)
+
+
+def _emit_state(queue: str, paused: bool, changed: bool, done: str, already: str, as_json: bool) -> None:
+    """Print a queue's paused state and whether the command changed it (exit 0 either way)."""
+    _emit(
+        {"queue": queue, "paused": paused, "changed": changed},
+        as_json,
+        lambda: click.echo(f"{queue}: {done if changed else already}"),
+    )
+
+
+# --- history ----------------------------------------------------------------------------
+
+
+@click.command()
+@common_options
+@click.argument("queue")
+@click.argument("keep", metavar="DURATION|off")
+def retain(dsn: str | None, schema: str, as_json: bool, queue: str, keep: str) -> None:
+    """Keep a record of each message that leaves QUEUE from now on, for
+    DURATION (90s, 30m, 12h, 7d, 2w; at most 3650 days), or stop with off.
+
+    Records already kept age out by the last DURATION set; `pgdq history`
+    lists them."""
+    off = keep.strip().lower() == "off"
+    period = None if off else parse_span(keep)
+    if period is None and not off:
+        raise click.BadParameter(
+            f"{keep!r} is neither a duration (a number and s, m, h, d or w: 90s, 7d) nor off",
+            param_hint="DURATION|off",
+        )
+    with _queue(dsn, schema, queue) as q:
+        q.retain(period)
+    said = f"records kept for {keep.strip()}" if period is not None else "history off (records kept age out)"
+    _emit({"queue": queue, "keep": period}, as_json, lambda: click.echo(f"{queue}: {said}"))
+
+
+@click.command()
+@common_options
+@click.argument("queue")
+@click.argument("key", required=False)
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 1000), help="at most this many")
+def history(dsn: str | None, schema: str, as_json: bool, queue: str, key: str | None, limit: int) -> None:
+    """Messages that left QUEUE (KEY's only, if given), newest first, with
+    their outcome: acked, dead, cancelled or purged.
+
+    Only while `pgdq retain` keeps them; a keyless message's key is empty
+    (null with --json), its id last."""
+    with _queue(dsn, schema, queue) as q:
+        found = q.history(key, limit)
+    _emit(
+        found,
+        as_json,
+        lambda: _table(
+            f"{queue}: {_count(len(found), 'record')}",
+            ["finished_at", "outcome", "key", "attempts", "last_error", "payload", "id"],
+            [
+                [r.finished_at, r.outcome, r.key, r.attempts, _last_line(r.last_error), json.dumps(r.raw_payload), r.id]
+                for r in found
+            ],
+        ),
+    )
 
 
 # --- channels ------------------------------------------------------------------------

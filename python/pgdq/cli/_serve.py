@@ -8,12 +8,12 @@ import json
 import os
 import re
 import socket
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
-from ._base import BadInput, dsn_option, schema_option
+from ._base import BadInput, dsn_option, parse_span, schema_option
 from ._setup import _check_worker_database, _configure_logging
 
 
@@ -149,17 +149,14 @@ def _listen(host: str, port: int) -> socket.socket:
         raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
 
 
-SPANS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-
-
 def expiry(text: str) -> datetime:
     """--expires as a time: N followed by m/h/d/w from now, or an ISO 8601 time; BadInput if not in the future."""
     from ..http._auth import parse_expiry
 
     now = datetime.now(UTC)
-    span = re.fullmatch(r"([0-9]{1,6})([mhdw])", text.strip())
+    span = parse_span(text, "mhdw")
     try:
-        when = now + timedelta(**{SPANS[span[2]]: int(span[1])}) if span else parse_expiry(text, "--expires")
+        when = now + span if span is not None else parse_expiry(text, "--expires")
     except ValueError as e:
         raise BadInput(f"{e} (or a span such as 30d)") from e
     if when is None or when <= now:

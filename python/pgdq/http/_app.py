@@ -31,9 +31,10 @@ from ._dashboard import router as dashboard_router
 from ._delay_queue import router as delay_queue_router
 from ._docs import router as docs_router
 from ._guard import BrowserGuard
-from ._metrics import RequestMetrics
+from ._metrics import HistoryMetrics, RequestMetrics
 from ._metrics import router as metrics_router
 from ._middleware import BodyLimit, CancelOnDisconnect
+from ._trace_context import TraceContext
 from ._v1 import EndlessTimestamptzLoader, router
 from ._v1_manage import router as manage_router
 from ._wakeups import Wakeups
@@ -201,6 +202,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.include_router(metrics_router)
     app.state.request_metrics = RequestMetrics()
+    app.state.history_metrics = HistoryMetrics()
+    app.add_middleware(TraceContext)  # innermost: a request's traceparent, carried on by its offers
     app.add_middleware(CancelOnDisconnect)
     app.add_middleware(app.state.request_metrics.middleware)
     app.add_middleware(BodyLimit, max_body=settings.max_body)

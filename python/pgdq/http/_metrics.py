@@ -1,22 +1,30 @@
 """GET /metrics in the Prometheus text format (prometheus_client): every
-queue's counts and ages, read from dq_stats at each scrape, and this server
+queue's counts and ages, read from dq_stats at each scrape; for queues with
+retention, their finished messages by outcome and last minute's lateness and
+run time, read from dq_history_stats (HistoryMetrics); and this server
 process's requests, waiting long polls and their latency."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from functools import cache
 from typing import Any
 
+import psycopg
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from psycopg import sql
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import AsyncClient
 from ..model import DeadLetterStats, QueueStats
 from ._access import authorize
+
+log = logging.getLogger("pgdq.http")
 
 # The methods counted by name; any other (a client may send any token as its method) is "other",
 # so that made-up methods add no series (each one a counter and a histogram kept for good).
@@ -118,9 +126,175 @@ def queue_families(stats: list[QueueStats], dead: list[DeadLetterStats], waiting
     dead_counts = {d.queue: d.dead for d in dead}
     for name in sorted({s.queue for s in stats} | dead_counts.keys()):
         dead_letters.add_metric([name], dead_counts.get(name, 0))
+    paused = GaugeMetricFamily("pgdq_queue_paused", "1 while the queue is paused (dq_pause), else 0", labels=["queue"])
+    for s in stats:
+        if s.paused is not None:  # None: SQL before 1.2
+            paused.add_metric([s.queue], float(s.paused))
     polls = GaugeMetricFamily("pgdq_http_waiting_polls", "Long polls of this server process waiting now")
     polls.add_metric([], waiting)
-    return [*families, age, due, dead_letters, polls]
+    return [*families, age, due, dead_letters, paused, polls]
+
+
+# --- history -----------------------------------------------------------------------------
+
+MINUTE = timedelta(minutes=1)
+# How long after a minute ends its counts are taken as final: a message
+# finishes at its transaction's start, and becomes visible at its commit.
+SETTLE = timedelta(minutes=1)
+# dq_history_stats reads at most 10,000 buckets: after a longer gap between
+# scrapes (6.25 days), the minutes before the last 9,000 are skipped.
+MAX_SPAN = timedelta(minutes=9000)
+OUTCOMES = ("acked", "dead", "cancelled")
+
+# The one statement of a scrape: the database's clock, and for each queue
+# with retention (dq_queues.retain: no function lists them) its minute
+# buckets from since (NULL: the current minute) on, none for a queue without
+# records there. dq_history_stats reads the minute tallies, a few rows a
+# minute and queue whatever the traffic, and the deltas not yet folded.
+_HISTORY = """SELECT n.now_at, h.queue, h.bucket_at, h.acked, h.dead, h.cancelled,
+        h.lateness_p50, h.lateness_p99, h.run_p50, h.run_p99
+    FROM (SELECT {now}() AS now_at) AS n
+    LEFT JOIN LATERAL (
+        SELECT r.queue::text AS queue, b.*
+        FROM {queues} AS r
+        LEFT JOIN LATERAL {stats}(
+            r.queue,
+            greatest(
+                coalesce(%(since)s::timestamptz, pg_catalog.date_bin('1 minute', n.now_at, 'epoch')),
+                n.now_at - %(span)s::interval
+            ),
+            interval '1 minute'
+        ) AS b ON true
+        WHERE r.retain IS NOT NULL
+    ) AS h ON true
+    ORDER BY h.queue, h.bucket_at"""
+
+# What the history statement may fail with where it cannot run: a PL/Proxy
+# router (no dq_queues there), a role that may not read dq_queues, SQL before 1.2.
+_UNAVAILABLE = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedColumn,
+    psycopg.errors.UndefinedFunction,
+    psycopg.errors.InsufficientPrivilege,
+)
+
+
+@cache
+def history_statement(schema: str | None) -> sql.Composed:
+    """The history statement (_HISTORY) calling pgdq in schema (None: on the search_path)."""
+
+    def name(bare: str) -> sql.Identifier:
+        return sql.Identifier(schema, bare) if schema else sql.Identifier(bare)
+
+    return sql.SQL(_HISTORY).format(now=name("dq_now"), queues=name("dq_queues"), stats=name("dq_history_stats"))
+
+
+def _minute(at: datetime) -> datetime:
+    """The start of at's minute (UTC, as date_bin from the epoch)."""
+    return at.astimezone(UTC).replace(second=0, microsecond=0)
+
+
+def _plus(counts: list[int], more: list[int]) -> list[int]:
+    """Two counts by OUTCOMES added."""
+    return [a + b for a, b in zip(counts, more, strict=True)]
+
+
+class HistoryMetrics:
+    """The history of queues with retention as Prometheus metrics, one
+    statement a scrape (history_statement), kept per server process.
+
+    pgdq_queue_finished_total{queue, outcome} counts the messages acked,
+    dead-lettered or cancelled since the minute of this process's first
+    scrape (purges are not counted: dq_history_stats has no column for
+    them). A counter must never go down, and what dq_history_stats reports
+    does (records age out after the queue's retention period), so the
+    counts are kept here: each minute's count is the most any scrape read
+    of it; a minute ended SETTLE ago is closed, its count added to the
+    queue's total for good and not read again. A scrape reads only the
+    minutes not closed, a few rows a queue. Records committed later than
+    SETTLE after their minute, or aged out before a scrape read them (a
+    period shorter than the scrape interval), are not counted. Each server
+    process counts alike: use rate(), not a sum over servers.
+
+    pgdq_queue_lateness_seconds and pgdq_queue_run_seconds{queue, quantile}
+    are gauges: the 0.5 and 0.99 quantiles of the last whole minute's acked
+    and dead-lettered messages (dq_history_stats' percentiles, within 5%);
+    absent when none finished then. Times are the database's (dq_now)."""
+
+    def __init__(self) -> None:
+        self._mark: datetime | None = None  # minutes before it are closed
+        self._closed: dict[str, list[int]] = {}  # queue -> its closed minutes' counts, by OUTCOMES
+        self._open: dict[tuple[str, datetime], list[int]] = {}  # (queue, minute) -> the most read of it
+        self._warned = False
+
+    async def families(self, conn: psycopg.AsyncConnection[Any], schema: str | None) -> list[Metric]:
+        """Read the history (one statement on conn) and return the metric
+        families; none where it cannot be read (logged once)."""
+        try:
+            cursor = await conn.execute(history_statement(schema), {"since": self._mark, "span": MAX_SPAN})
+            rows = await cursor.fetchall()
+        except _UNAVAILABLE as e:
+            if not self._warned:
+                log.warning("no history metrics: %s", e.diag.message_primary or e)
+                self._warned = True
+            return []
+        now: datetime = rows[0][0]
+        if self._mark is None:
+            self._mark = _minute(now)
+        last_minute = _minute(now) - MINUTE
+        queues: dict[str, list[Any] | None] = {}  # each queue with retention -> its last minute's percentiles
+        for _, queue, bucket_at, *counts_and_percentiles in rows:
+            if queue is None:
+                continue
+            queues.setdefault(queue, None)
+            if bucket_at is None or bucket_at < self._mark:  # none, or closed meanwhile by another scrape
+                continue
+            counts, percentiles = counts_and_percentiles[:3], counts_and_percentiles[3:]
+            seen = self._open.get((queue, bucket_at), [0] * len(OUTCOMES))
+            self._open[queue, bucket_at] = [max(a, b) for a, b in zip(seen, counts, strict=True)]
+            if bucket_at == last_minute:
+                queues[queue] = percentiles
+        families = self._report(queues)
+        self._close(_minute(now - SETTLE))
+        return families
+
+    def _report(self, queues: dict[str, list[Any] | None]) -> list[Metric]:
+        """The families of queues (and their last minute's percentiles): totals closed and open."""
+        finished = CounterMetricFamily(
+            "pgdq_queue_finished",
+            "Messages that left a queue with retention since this server process's first scrape, by outcome",
+            labels=["queue", "outcome"],
+        )
+        totals = {q: list(self._closed.get(q, [0] * len(OUTCOMES))) for q in queues}
+        for (queue, _), counts in self._open.items():
+            if queue in totals:
+                totals[queue] = _plus(totals[queue], counts)
+        for queue, counts in totals.items():
+            for outcome, count in zip(OUTCOMES, counts, strict=True):
+                finished.add_metric([queue, outcome], count)
+        lateness = GaugeMetricFamily(
+            "pgdq_queue_lateness_seconds",
+            "From due to delivery, of the messages acked or dead-lettered in the last whole minute",
+            labels=["queue", "quantile"],
+        )
+        run = GaugeMetricFamily(
+            "pgdq_queue_run_seconds",
+            "From the last delivery to the finish, of the messages acked or dead-lettered in the last whole minute",
+            labels=["queue", "quantile"],
+        )
+        for queue, percentiles in queues.items():
+            for family, pair in ((lateness, percentiles[:2]), (run, percentiles[2:])) if percentiles else ():
+                for quantile, value in zip(("0.5", "0.99"), pair, strict=True):
+                    if value is not None:  # none delivered
+                        family.add_metric([queue, quantile], value.total_seconds())
+        return [finished, lateness, run]
+
+    def _close(self, mark: datetime) -> None:
+        """Add the counts of the open minutes before mark to their queues' totals, and read them no more."""
+        for queue, minute in [k for k in self._open if k[1] < mark]:
+            counts = self._open.pop((queue, minute))
+            self._closed[queue] = _plus(self._closed.get(queue, [0] * len(OUTCOMES)), counts)
+        self._mark = max(mark, self._mark or mark)
 
 
 router = APIRouter()
@@ -133,7 +307,10 @@ async def metrics(request: Request) -> Response:
     app: Any = request.app
     client = AsyncClient(app.state.pool, schema=app.state.settings.schema)
     stats, dead = await client.stats(), await client.dead_stats()
+    async with app.state.pool.connection() as conn:
+        history = await app.state.history_metrics.families(conn, app.state.settings.schema)
     queues = CollectorRegistry()
     queues.register(_Families(queue_families(stats, dead, app.state.wakeups.waiting(), datetime.now(UTC))))
+    queues.register(_Families(history))
     body = generate_latest(queues) + generate_latest(app.state.request_metrics.registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

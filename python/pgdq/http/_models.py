@@ -248,3 +248,52 @@ class ChannelOut(BaseModel):
     delayed: int
     leased: int
     last_leased_at: datetime | None
+
+
+class PauseOut(BaseModel):
+    paused: bool = Field(description="the queue's state now")
+    changed: bool = Field(description="false: it was already in that state")
+
+
+MAX_KEEP = 3650 * 86400  # seconds of history a queue may keep (dq_retain)
+
+
+class RetentionIn(Body):
+    """How long a record of each message that leaves the queue is kept (dq_retain)."""
+
+    keep: Annotated[Number, Field(gt=0, le=MAX_KEEP)] | None = Field(
+        description="seconds (at most 3650 days); null: stop keeping records (those kept age out as before)"
+    )
+
+
+class RetentionOut(BaseModel):
+    keep: float | None = Field(description="seconds; null: history off")
+
+
+class HistoryOut(BaseModel):
+    queue: str
+    key: str | None = Field(description="null for a keyless message (sent without a key)")
+    id: int
+    outcome: Literal["acked", "dead", "cancelled", "purged"]
+    payload: JsonValue
+    state: JsonValue
+    channel: str | None
+    priority: int
+    created_at: datetime
+    scheduled_at: datetime
+    last_leased_at: datetime | None = Field(description="when its last delivery began; null: never delivered")
+    finished_at: datetime
+    attempts: int
+    last_error: str | None
+    headers: dict[str, JsonValue] | None
+
+
+class HistoryBucketOut(BaseModel):
+    bucket_at: datetime
+    acked: int
+    dead: int
+    cancelled: int
+    lateness_p50: float | None = Field(description="seconds from due to delivery; null: none delivered")
+    lateness_p99: float | None
+    run_p50: float | None = Field(description="seconds from the last delivery to the finish; null: none delivered")
+    run_p99: float | None

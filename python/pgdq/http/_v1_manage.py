@@ -1,9 +1,11 @@
 """The JSON API's managing routes under /v1: dead letters (list, redrive,
-purge), schedules kept by the database and channels' limits, one SQL
+purge), schedules kept by the database, channels' limits, pausing and
+resuming, and history (retention, records, per-bucket stats), one SQL
 function each. Reading needs consume on the queue; changing needs admin."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
@@ -16,13 +18,19 @@ from ._models import (
     ChannelOut,
     DeadLetterOut,
     Done,
+    HistoryBucketOut,
+    HistoryOut,
     NextAt,
+    PauseOut,
     PurgeIn,
     PurgeOut,
     RedriveIn,
     RedriveOut,
+    RetentionIn,
+    RetentionOut,
     ScheduleIn,
     ScheduleOut,
+    Time,
 )
 from ._v1 import ERRORS, QueueName, SegmentRoute, _at, _client, _queue, _wire, wire_time
 
@@ -96,10 +104,15 @@ async def channels(request: Request, queue: QueueName) -> list[ChannelOut]:
     return [
         ChannelOut(
             **{f: getattr(c, f) for f in ChannelOut.model_fields if f != "min_interval"},
-            min_interval=c.min_interval.total_seconds() if c.min_interval is not None else None,
+            min_interval=_seconds(c.min_interval),
         )
         for c in found
     ]
+
+
+def _seconds(span: timedelta | None) -> float | None:
+    """A duration for JSON: seconds, or None."""
+    return None if span is None else span.total_seconds()
 
 
 @router.put("/queues/{queue}/channels/{channel}", response_model=Done)
@@ -119,3 +132,65 @@ async def remove_channel(request: Request, queue: QueueName, channel: ChannelNam
     if not await _queue(request, queue).remove_channel(channel):
         raise ApiError(404, f"channel {channel!r} of queue {queue!r} has no limits")
     return Done()
+
+
+@router.post("/queues/{queue}/pause", response_model=PauseOut)
+async def pause(request: Request, queue: QueueName) -> PauseOut:
+    """Pause the queue: polls lease nothing from it until resumed (dq_pause)."""
+    authorize(request, "admin", queue)
+    return PauseOut(paused=True, changed=await _queue(request, queue).pause())
+
+
+@router.post("/queues/{queue}/resume", response_model=PauseOut)
+async def resume(request: Request, queue: QueueName) -> PauseOut:
+    """Resume a paused queue, waking its waiting polls (dq_resume)."""
+    authorize(request, "admin", queue)
+    return PauseOut(paused=False, changed=await _queue(request, queue).resume())
+
+
+@router.put("/queues/{queue}/retention", response_model=RetentionOut)
+async def retain(request: Request, queue: QueueName, body: RetentionIn) -> RetentionOut:
+    """Keep a record of each message that leaves the queue for keep seconds, or stop with null (dq_retain)."""
+    authorize(request, "admin", queue)
+    await _queue(request, queue).retain(body.keep)
+    return RetentionOut(keep=body.keep)
+
+
+@router.get("/queues/{queue}/history", response_model=list[HistoryOut])
+async def history(
+    request: Request,
+    queue: QueueName,
+    key: Annotated[str | None, Query(min_length=1, max_length=200, description="only this key's records")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_BATCH)] = 100,
+) -> list[HistoryOut]:
+    """Up to limit records of messages that left the queue (key's only), newest finish first (dq_history)."""
+    authorize(request, "consume", queue)
+    return [_wire(HistoryOut, r) for r in await _queue(request, queue).history(key, limit)]
+
+
+@router.get("/queues/{queue}/history/stats", response_model=list[HistoryBucketOut])
+async def history_stats(
+    request: Request,
+    queue: QueueName,
+    since: Annotated[
+        Time | None, Query(description="RFC 3339: from the bucket holding it (default: an hour ago)")
+    ] = None,
+    bucket: Annotated[float, Query(ge=1, le=86400, description="seconds (at most 10,000 buckets up to now)")] = 60,
+) -> list[HistoryBucketOut]:
+    """The queue's records per bucket, oldest first: outcomes, lateness and run-time percentiles (dq_history_stats)."""
+    authorize(request, "consume", queue)
+    start = since if since is not None else datetime.now(UTC) - timedelta(hours=1)
+    found = await _queue(request, queue).history_stats(start, bucket)
+    return [
+        HistoryBucketOut(
+            bucket_at=b.bucket_at,
+            acked=b.acked,
+            dead=b.dead,
+            cancelled=b.cancelled,
+            lateness_p50=_seconds(b.lateness_p50),
+            lateness_p99=_seconds(b.lateness_p99),
+            run_p50=_seconds(b.run_p50),
+            run_p99=_seconds(b.run_p99),
+        )
+        for b in found
+    ]
