@@ -2,7 +2,7 @@
 -- message that leaves a queue with retention on, with its outcome, kept for
 -- the queue's period; tallies behind the stats.
 BEGIN;
-SELECT plan(47);
+SELECT plan(54);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 -- off by default: nothing is recorded
@@ -185,8 +185,8 @@ $$;
 SELECT set_config('dq.now', '2024-01-01 11:10:00+00', TRUE);
 CREATE TEMP TABLE exact AS
 SELECT
-    percentile_disc(0.5) WITHIN GROUP (ORDER BY finished_at - last_leased_at) AS p50,
-    percentile_disc(0.99) WITHIN GROUP (ORDER BY finished_at - last_leased_at) AS p99
+    percentile_cont(0.5) WITHIN GROUP (ORDER BY finished_at - last_leased_at) AS p50,
+    percentile_cont(0.99) WITHIN GROUP (ORDER BY finished_at - last_leased_at) AS p99
 FROM dq_history
 WHERE queue = 't_pct';
 SELECT ok(
@@ -196,7 +196,14 @@ SELECT ok(
             AND abs(extract(EPOCH FROM s.run_p99 - e.p99)) <= greatest(0.05 * extract(EPOCH FROM e.p99), 0.001)
         FROM dq_history_stats('t_pct', '2024-01-01 11:00+00', '1 hour') AS s, exact AS e
     ),
-    'run-time percentiles within 5 % of the exact ones'
+    'run-time percentiles within 5 % of the exact ones (percentile_cont)'
+);
+SELECT is(
+    (
+        SELECT s.run_p50 FROM dq_history_stats('t_pct', '2024-01-01 11:00:00.1+00', '1 second') AS s
+        WHERE s.bucket_at = '2024-01-01 11:00:00.1+00'
+    ),
+    NULL, 'a bucket that no record finished in has no row'
 );
 SELECT is(
     (SELECT acked FROM dq_history_stats('t_pct', '2024-01-01 11:00+00', '1 hour')), 200::bigint, 'all 200 counted'
@@ -231,6 +238,36 @@ SELECT is(
     ), 0, 'and their tallies'
 );
 
+-- a record that aged out stays out when the period grows; one at the edge
+-- of the period counts in every bucket size
+SELECT dq_retain('t_edge', '10 minutes');
+SELECT set_config('dq.now', '2024-02-01 10:00:00.1+00', TRUE);
+SELECT dq_offer('t_edge', 'old', '1');
+SELECT dq_cancel('t_edge', 'old');
+SELECT set_config('dq.now', '2024-02-01 10:00:00.7+00', TRUE);
+SELECT dq_offer('t_edge', 'edge', '1');
+SELECT dq_cancel('t_edge', 'edge');
+SELECT set_config('dq.now', '2024-02-01 10:10:00.5+00', TRUE);
+SELECT results_eq(
+    $$SELECT key FROM dq_history('t_edge')$$, $$VALUES ('edge'::text)$$, 'ten minutes on: the older one aged out'
+);
+SELECT results_eq(
+    $$SELECT (SELECT sum(cancelled) FROM dq_history_stats('t_edge', '2024-02-01 09:00+00', '1 minute')),
+             (SELECT sum(cancelled) FROM dq_history_stats('t_edge', '2024-02-01 09:00+00', '1 second')),
+             (SELECT sum(cancelled) FROM dq_history_stats('t_edge', '2024-02-01 09:00+00', '1.5 seconds'))$$,
+    $$VALUES (1::numeric, 1::numeric, 1::numeric)$$,
+    'the one still in its period counts, in buckets of minutes, seconds or a fraction'
+);
+SELECT dq_retain('t_edge', '1 day');
+SELECT results_eq(
+    $$SELECT key FROM dq_history('t_edge')$$, $$VALUES ('edge'::text)$$,
+    'a longer period does not bring back a record that aged out'
+);
+SELECT is(
+    (SELECT sum(cancelled)::int FROM dq_history_stats('t_edge', '2024-02-01 09:00+00', '1 minute')), 1,
+    'nor do its stats'
+);
+
 -- errors
 SELECT throws_ok($$SELECT dq_retain(NULL, '1 day')$$, '22004', 'pgdq: queue must not be NULL', 'dq_retain: NULL queue');
 SELECT throws_ok(
@@ -248,8 +285,17 @@ SELECT throws_ok(
     'dq_history_stats: a bucket over a day'
 );
 SELECT throws_ok(
-    $$SELECT * FROM dq_history_stats('t_hist', dq_now() - interval '10001 seconds', '1 second')$$, '22023', NULL,
+    $$SELECT * FROM dq_history_stats('t_hist', dq_now() - interval '10000 seconds', '1 second')$$, '22023',
+    'pgdq: since and bucket must span at most 10000 buckets up to now, got 10001 buckets of 00:00:01',
     'dq_history_stats: more than 10,000 buckets'
+);
+SELECT lives_ok(
+    $$SELECT * FROM dq_history_stats('t_hist', dq_now() - interval '9999 seconds', '1 second')$$,
+    'dq_history_stats: 10,000 buckets'
+);
+SELECT throws_ok(
+    $$SELECT * FROM dq_history_stats('t_hist', now(), '1 mon -29 days')$$, '22023', NULL,
+    'dq_history_stats: a bucket in months'
 );
 
 SELECT * FROM finish();

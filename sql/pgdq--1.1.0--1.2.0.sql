@@ -116,7 +116,8 @@ DROP FUNCTION dq__offer_new(text, text[], jsonb[], timestamptz[], text[], intege
 ALTER TABLE @extschema@.dq_queues
     ADD COLUMN paused_at timestamptz,
     ADD COLUMN retain interval CONSTRAINT dq_queues_retain CHECK (retain > '0' AND retain <= '3650 days'),
-    ADD COLUMN history_keep interval;
+    ADD COLUMN history_keep interval,
+    ADD COLUMN history_from timestamptz;
 
 -- History (1.2, sql/src/57_history.sql): the records and their tallies,
 -- empty until a queue turns retention on.
@@ -4432,6 +4433,15 @@ AS $$
     GROUP BY 1, 2, 3, 4, 5;
 $$;
 
+-- The finish before which a queue's records have aged out at now_at: its
+-- period back from now, or its history_from when that is later.
+CREATE OR REPLACE FUNCTION dq__history_cut(keep interval, history_from timestamptz, now_at timestamptz)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT pg_catalog.timestamptz_larger(now_at OPERATOR(pg_catalog.-) keep, coalesce(history_from, '-infinity'))
+$$;
+
 -- Delete up to max_rows records (and as many tallies) older than their
 -- queue's period, per queue, oldest first; rows another expiry holds are
 -- left. Never waits.
@@ -4445,14 +4455,15 @@ DECLARE
     v_queue record;
 BEGIN
     FOR v_queue IN
-        SELECT q.queue, q.history_keep FROM @extschema@.dq_queues AS q
+        SELECT q.queue, @extschema@.dq__history_cut(q.history_keep, q.history_from, v_now) AS cut
+        FROM @extschema@.dq_queues AS q
         WHERE q.history_keep IS NOT NULL
         ORDER BY q.queue
     LOOP
         DELETE FROM @extschema@.dq_history AS h
         WHERE h.ctid = ANY (ARRAY(
             SELECT o.ctid FROM @extschema@.dq_history AS o
-            WHERE o.queue = v_queue.queue AND o.finished_at < v_now - v_queue.history_keep
+            WHERE o.queue = v_queue.queue AND o.finished_at < v_queue.cut
             ORDER BY o.finished_at
             LIMIT max_rows
             FOR UPDATE SKIP LOCKED
@@ -4461,7 +4472,7 @@ BEGIN
         WHERE y.ctid = ANY (ARRAY(
             SELECT o.ctid FROM @extschema@.dq_history_tallies AS o
             WHERE o.queue = v_queue.queue AND o.width IN (1, 60)
-                AND o.at < v_now - v_queue.history_keep - interval '1 minute'
+                AND o.at < v_queue.cut - interval '1 minute'
             LIMIT max_rows
             FOR UPDATE SKIP LOCKED
         ));
@@ -4470,14 +4481,15 @@ END
 $$;
 
 -- Keep a record of each message of queue that leaves it from now on, for
--- keep (NULL: stop; records already kept age out as before).
+-- keep (NULL: stop; records already kept age out as before). A new period
+-- applies to the records kept, but never brings back one that aged out.
 CREATE OR REPLACE FUNCTION dq_retain(queue text, keep interval) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_clock timestamptz := @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    v_now timestamptz := @extschema@.dq_now();
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_retain.queue);
     IF keep <= interval '0' OR keep > interval '3650 days' THEN
@@ -4489,7 +4501,10 @@ BEGIN
     VALUES (dq_retain.queue, keep, keep)
     ON CONFLICT (queue) DO UPDATE
         SET retain = excluded.retain,
-            history_keep = coalesce(excluded.history_keep, q.history_keep);
+            history_keep = coalesce(excluded.history_keep, q.history_keep),
+            history_from = CASE
+                WHEN q.history_keep IS NOT NULL THEN @extschema@.dq__history_cut(q.history_keep, q.history_from, v_now)
+            END;
 END
 $$;
 
@@ -4530,7 +4545,7 @@ AS $$
         (
             SELECT a.* FROM @extschema@.dq_history AS a
             WHERE dq_history.key IS NULL AND a.queue = q.queue
-                AND a.finished_at >= n.now_at - q.history_keep
+                AND a.finished_at >= @extschema@.dq__history_cut(q.history_keep, q.history_from, n.now_at)
             ORDER BY a.finished_at DESC, a.id DESC
             LIMIT greatest(dq_history.max_count, 0)
         )
@@ -4538,7 +4553,7 @@ AS $$
         (
             SELECT k.* FROM @extschema@.dq_history AS k
             WHERE dq_history.key IS NOT NULL AND k.queue = q.queue AND k.key = dq_history.key
-                AND k.finished_at >= n.now_at - q.history_keep
+                AND k.finished_at >= @extschema@.dq__history_cut(q.history_keep, q.history_from, n.now_at)
             ORDER BY k.finished_at DESC, k.id DESC
             LIMIT greatest(dq_history.max_count, 0)
         )
@@ -4547,23 +4562,29 @@ AS $$
     ORDER BY h.finished_at DESC, h.id DESC;
 $$;
 
--- The percentile p (0 < p <= 1) of a histogram (bins and their counts):
--- the middle of the bin holding the ceil(p * total)-th duration; NULL when
--- empty.
+-- The percentile p (0 <= p <= 1) of a histogram (bins and their counts),
+-- as percentile_cont computes it from the durations themselves: the
+-- durations at the two ranks around p * (total - 1), interpolated, each
+-- the middle of its bin (so within 5 % or 1 ms of the exact one: an
+-- interpolation keeps its ends' relative error). NULL when empty.
 CREATE OR REPLACE FUNCTION dq__histogram_percentile(bins smallint[], counts bigint[], p double precision) RETURNS interval
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT @extschema@.dq__bin_duration(c.bin)
-    FROM (
-        SELECT h.bin,
-            pg_catalog.sum(h.n) OVER (ORDER BY h.bin) AS running,
-            pg_catalog.sum(h.n) OVER () AS total
-        FROM ROWS FROM (pg_catalog.unnest(bins), pg_catalog.unnest(counts)) AS h (bin, n)
-    ) AS c
-    WHERE c.running OPERATOR(pg_catalog.>=) pg_catalog.ceil(p OPERATOR(pg_catalog.*) c.total)
-    ORDER BY c.bin
-    LIMIT 1
+    WITH ranked AS (
+        -- each bin with the ranks it holds: [below, running) counting from 0
+        SELECT h.bin, sum(h.n) OVER (ORDER BY h.bin) AS running, sum(h.n) OVER () AS total
+        FROM ROWS FROM (unnest(bins), unnest(counts)) AS h (bin, n)
+    ),
+    position AS (
+        SELECT p * (max(r.total) - 1) AS at FROM ranked AS r HAVING max(r.total) > 0
+    )
+    SELECT
+        (SELECT @extschema@.dq__bin_duration(r.bin) FROM ranked AS r WHERE r.running > floor(o.at) ORDER BY r.bin LIMIT 1)
+        * (1 - (o.at - floor(o.at)))
+        + (SELECT @extschema@.dq__bin_duration(r.bin) FROM ranked AS r WHERE r.running > ceil(o.at) ORDER BY r.bin LIMIT 1)
+        * (o.at - floor(o.at))
+    FROM position AS o
 $$;
 
 -- queue's records counted per bucket of bucket (1 second to 1 day),
@@ -4588,10 +4609,10 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
-    v_keep interval;
     v_seconds numeric;
     v_width smallint;
     v_from timestamptz;
+    v_buckets numeric;
     v_cut timestamptz;       -- records finished before it have aged out
     v_cut_second timestamptz;  -- the first whole second after it (or it)
     v_cut_width timestamptz;   -- the first whole tally after it (or it)
@@ -4601,31 +4622,40 @@ BEGIN
     PERFORM @extschema@.dq__null_check(bucket IS NULL, 'bucket');
     PERFORM @extschema@.dq__check_time(since, 'since');
     v_seconds := pg_catalog.date_part('epoch', bucket)::numeric;
-    IF bucket < interval '1 second' OR bucket > interval '1 day' THEN
+    -- (no months or years: a bucket is a fixed length; date_bin refuses them)
+    IF bucket < interval '1 second' OR bucket > interval '1 day'
+        OR pg_catalog.date_part('month', bucket) <> 0 OR pg_catalog.date_part('year', bucket) <> 0 THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
             MESSAGE = pg_catalog.format('pgdq: bucket must be from 1 second to 1 day, got %s', bucket);
     END IF;
     v_from := pg_catalog.date_bin(bucket, since, 'epoch');
-    IF since <= v_now AND (pg_catalog.date_part('epoch', v_now) - pg_catalog.date_part('epoch', v_from)) / v_seconds >= 10000 THEN
+    -- the buckets from the one holding since to the one holding now
+    v_buckets := pg_catalog.floor(
+        (pg_catalog.date_part('epoch', v_now) - pg_catalog.date_part('epoch', v_from)) / v_seconds
+    ) + 1;
+    IF v_buckets > 10000 THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
             MESSAGE = pg_catalog.format(
-                'pgdq: since and bucket must span at most 10000 buckets up to now, got %s buckets of %s',
-                pg_catalog.ceil((pg_catalog.date_part('epoch', v_now) - pg_catalog.date_part('epoch', v_from)) / v_seconds), bucket
+                'pgdq: since and bucket must span at most 10000 buckets up to now, got %s buckets of %s', v_buckets, bucket
             );
     END IF;
-    v_keep := (SELECT q.history_keep FROM @extschema@.dq_queues AS q WHERE q.queue = dq_history_stats.queue);
-    IF v_keep IS NULL THEN
+    v_cut := (
+        SELECT @extschema@.dq__history_cut(q.history_keep, q.history_from, v_now)
+        FROM @extschema@.dq_queues AS q
+        WHERE q.queue = dq_history_stats.queue
+    );
+    IF v_cut IS NULL THEN  -- the queue never kept history
         RETURN;
     END IF;
     v_width := CASE
         WHEN v_seconds % 60 = 0 THEN 60
         WHEN v_seconds % 1 = 0 THEN 1
     END;
-    -- what has not aged out: whole tallies after the cut, and the seconds
-    -- between the cut and the first whole tally
-    v_cut := v_now - v_keep;
+    -- what has not aged out: whole tallies after the cut, the seconds
+    -- between the cut and the first whole tally, and the records between
+    -- the cut and the first whole second
     v_cut_second := pg_catalog.date_bin('1 second', v_cut - interval '1 microsecond', 'epoch') + interval '1 second';
     v_cut_width := pg_catalog.date_bin(
         make_interval(secs => coalesce(v_width, 1)), v_cut - interval '1 microsecond', 'epoch'
@@ -4651,7 +4681,8 @@ BEGIN
         WHERE v_width IS NOT NULL AND d.queue = dq_history_stats.queue AND d.at >= v_from
             AND d.at >= v_cut_second
         UNION ALL
-        -- or the records themselves, for a bucket of a fraction of a second
+        -- the records themselves: for a bucket of a fraction of a second,
+        -- and between the cut and the first whole second after it
         SELECT pg_catalog.date_bin(bucket, r.finished_at, 'epoch'), m.measure,
             CASE m.measure
                 WHEN 'l' THEN @extschema@.dq__duration_bin(r.lateness)
@@ -4661,8 +4692,8 @@ BEGIN
             1::bigint
         FROM @extschema@.dq_history AS r
         CROSS JOIN LATERAL @extschema@.dq__history_measures(r.outcome, r.last_leased_at) AS m (measure)
-        WHERE v_width IS NULL AND r.queue = dq_history_stats.queue AND r.finished_at >= v_from
-            AND r.finished_at >= v_cut
+        WHERE r.queue = dq_history_stats.queue AND r.finished_at >= v_from AND r.finished_at >= v_cut
+            AND (v_width IS NULL OR r.finished_at < v_cut_second)
     ),
     binned AS (
         SELECT c.b, c.measure, c.bin, sum(c.n)::bigint AS n

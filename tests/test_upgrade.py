@@ -249,9 +249,9 @@ def test_a_live_database_upgrades_with_everything_in_it(scratch: str, kind: str)
             before["dq_messages"]
         )
         after["dq_messages"] = [row[:-6] for row in after["dq_messages"]]
-        # 1.2 added paused_at, retain and history_keep to dq_queues
-        assert [row[-3:] for row in after["dq_queues"]] == [(None, None, None)]
-        after["dq_queues"] = [row[:-3] for row in after["dq_queues"]]
+        # 1.2 added paused_at, retain, history_keep and history_from to dq_queues
+        assert [row[-4:] for row in after["dq_queues"]] == [(None, None, None, None)]
+        after["dq_queues"] = [row[:-4] for row in after["dq_queues"]]
         # and channel and priority to dq_dead_letters, and 1.2 headers
         assert [row[-3:] for row in after["dq_dead_letters"]] == [("", 0, None)]
         after["dq_dead_letters"] = [row[:-3] for row in after["dq_dead_letters"]]
@@ -283,9 +283,9 @@ def test_a_live_1_1_0_database_upgrades_with_everything_in_it(scratch: str, kind
 
         after = snapshot(conn, tables)
         # 1.2 added columns last: headers to dq_messages and dq_dead_letters,
-        # leased_at and leased_due_at to dq_messages, paused_at, retain and
-        # history_keep to dq_queues
-        for table, added in (("dq_messages", 3), ("dq_dead_letters", 1), ("dq_queues", 3)):
+        # leased_at and leased_due_at to dq_messages, paused_at, retain,
+        # history_keep and history_from to dq_queues
+        for table, added in (("dq_messages", 3), ("dq_dead_letters", 1), ("dq_queues", 4)):
             assert [row[-added:] for row in after[table]] == [(None,) * added] * len(before[table])
             after[table] = [row[:-added] for row in after[table]]
         assert after == before, "the upgrade changed no row"

@@ -113,7 +113,8 @@ DROP FUNCTION dq__offer_new(text, text[], jsonb[], timestamptz[], text[], intege
 ALTER TABLE @extschema@.dq_queues
     ADD COLUMN paused_at timestamptz,
     ADD COLUMN retain interval CONSTRAINT dq_queues_retain CHECK (retain > '0' AND retain <= '3650 days'),
-    ADD COLUMN history_keep interval;
+    ADD COLUMN history_keep interval,
+    ADD COLUMN history_from timestamptz;
 
 -- History (1.2, sql/src/57_history.sql): the records and their tallies,
 -- empty until a queue turns retention on.

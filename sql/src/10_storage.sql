@@ -186,9 +186,12 @@ CREATE TABLE dq_queues (
     paused_at timestamptz,
     -- Since 1.2 (dq_retain): how long a record of each message that leaves
     -- the queue is kept; NULL: none is made. history_keep is the period its
-    -- records age out by: the last retain set, kept when it is turned off.
+    -- records age out by: the last retain set, kept when it is turned off;
+    -- history_from the finish before which records are gone for good
+    -- whatever a later period says (those aged out when it changed).
     retain interval CONSTRAINT dq_queues_retain CHECK (retain > '0' AND retain <= '3650 days'),
-    history_keep interval
+    history_keep interval,
+    history_from timestamptz
 );
 
 COMMENT ON TABLE dq_queues IS
