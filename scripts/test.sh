@@ -106,7 +106,8 @@ suites_15() {
   local api_tests=(tests/test_queue.py tests/test_queue_async.py tests/test_browse.py tests/test_browse_async.py
     tests/test_channels.py tests/test_channels_async.py tests/test_transactional.py tests/test_transactional_async.py
     tests/test_schedules.py tests/test_cron_service.py tests/test_cron_service_async.py tests/test_worker.py
-    tests/test_cli.py tests/test_keyless.py tests/test_keyless_async.py tests/test_keyless_worker.py)
+    tests/test_cli.py tests/test_keyless.py tests/test_keyless_async.py tests/test_keyless_worker.py
+    tests/test_history.py tests/test_history_async.py)
   for n in 2 4; do
     step "PostgreSQL 15: pytest, the Python API through a router over $n partitions" env PGDQ_TEST_SHARDS=$n \
       PGDQ_TEST_DB=pgdq_py_sharded .venv/bin/pytest -q "${api_tests[@]}"
