@@ -1,20 +1,28 @@
 """The dashboard in a real browser: Playwright driving Debian's Chromium
-against a real `pgdq serve`; every number it shows is checked against SQL."""
+against a real `pgdq serve`; every number it shows is checked against SQL.
+Refusals (scopes, the CSRF token) are checked with httpx, as a page would
+send them, and what they did not change in SQL."""
 
 from __future__ import annotations
 
 import functools
 import http.server
+import re
 import shutil
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from secrets import token_urlsafe
+from typing import Any
 
 import httpx
+import psycopg
 import pytest
+from conftest import owner
 from http_server import Server, make_tokens, serve
-from pgdq import Message, Queue
+from pgdq import Client, Message, Queue
 from test_http_guard import dead_keys
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -140,8 +148,11 @@ def test_keyless_actions_need_admin_on_the_queue(database: str, q: Queue, tmp_pa
     s = serve(database, "--tokens", str(tmp_path / "tokens.json"))
     base = f"{s.url}/dashboard/queues/{q.name}/dead-letters/by-id"
     try:
+        page = _page_client(s.url)
         for action in ("redrive", "purge"):
-            assert httpx.post(f"{base}/{first}/{action}").status_code == 401, "no token"
+            assert page.post(f"{base}/{first}/{action}").status_code == 401, "no token (the page's CSRF token)"
+            r = httpx.post(f"{base}/{first}/{action}")
+            assert r.status_code == 403 and "CSRF" in r.json()["error"], "no token, no CSRF token"
             for name in ("reader", "other"):
                 r = httpx.post(f"{base}/{first}/{action}", headers={"Authorization": f"Bearer {secrets[name]}"})
                 assert r.status_code == 403 and "admin" in r.json()["error"], (name, action)
@@ -156,6 +167,7 @@ def test_keyless_actions_need_admin_on_the_queue(database: str, q: Queue, tmp_pa
         for bad in ("0", "x", str(2**63)):
             r = httpx.post(f"{base}/{bad}/purge", headers=admin)
             assert r.status_code == 400 and "id" in r.json()["error"], bad
+        page.close()
     finally:
         s.stop()
 
@@ -194,9 +206,27 @@ def test_tokens_login_and_scopes(browser: sync_api.Browser, database: str, q: Qu
 
 
 def test_bad_input_is_4xx(server: Server, q: Queue) -> None:
-    r = httpx.post(f"{server.url}/dashboard/queues/{q.name}/dead-letters/redrive", params={"key": ""})
+    page = _page_client(server.url)
+    r = page.post(f"/dashboard/queues/{q.name}/dead-letters/redrive", params={"key": ""})
     assert r.status_code == 400 and "key" in r.json()["error"]
+    for bad in ("0", "x", str(2**63)):
+        r = page.post(f"/dashboard/queues/{q.name}/messages/{bad}/run-now")
+        assert r.status_code == 400 and "id" in r.json()["error"], bad
+    page.close()
     assert httpx.get(f"{server.url}/queues/{'x' * 101}").status_code == 400
+    messages = f"{server.url}/queues/{q.name}/messages"
+    later = datetime.now(UTC).isoformat()
+    for params, says in (
+        ({"state": "bogus"}, "state"),
+        ({"limit": "0"}, "limit"),
+        ({"prefix": "x" * 201}, "prefix"),
+        ({"after_id": "3"}, "after_due and after_id"),
+        ({"after_due": later}, "after_due and after_id"),
+        ({"after_due": "2030-01-01T00:00:00", "after_id": "3"}, "time zone"),
+    ):
+        r = httpx.get(messages, params=params)
+        assert r.status_code == 400 and says in r.json()["error"], (params, r.text)
+    assert httpx.get(f"{server.url}/queues/{q.name}/messages/0").status_code == 400
 
 
 @pytest.fixture(scope="module")
@@ -258,3 +288,382 @@ def test_another_origin_cannot_use_the_cookie(
         page.close()
     finally:
         s.stop()
+
+
+# --- helpers of the tests below ---------------------------------------------------------------
+
+
+def _page_client(url: str, secret: str | None = None) -> httpx.Client:
+    """An httpx client that sends what the dashboard's page sends: Origin and Sec-Fetch-Site of
+    this server, the login cookie (secret, if given), and the CSRF token the page gave it."""
+    client = httpx.Client(base_url=url, headers={"origin": url, "sec-fetch-site": "same-origin"})
+    if secret is not None:
+        client.cookies.set("pgdq_token", secret)
+    client.get("/")  # a page sets the CSRF cookie (none is given without a valid token: the client makes its own)
+    if "pgdq_csrf" not in client.cookies:
+        client.cookies.set("pgdq_csrf", token_urlsafe(32))
+    client.headers["x-csrf-token"] = client.cookies["pgdq_csrf"]
+    return client
+
+
+def _finish(database: str, queue: str, at: datetime, acked: int = 0, dead: int = 0) -> None:
+    """acked + dead messages of queue that finish at at (the database's clock pinned with dq.now),
+    each delivered 5 s after it fell due and finished 2 s after that: lateness 5 s, run time 2 s."""
+    with psycopg.connect(owner(database, queue), autocommit=True) as c:
+        pinned = Queue(queue, c)
+
+        def clock(when: datetime) -> None:
+            """Pin the database's clock of c at when."""
+            c.execute("SELECT set_config('dq.now', %s, false)", (when.isoformat(),))
+
+        clock(at - timedelta(seconds=7))
+        pinned.offer_many([(f"{at.isoformat()}-{n}", n) for n in range(acked + dead)])
+        clock(at - timedelta(seconds=2))
+        deliveries = pinned.poll_many(acked + dead)
+        clock(at)
+        for n, d in enumerate(deliveries):
+            d.ack() if n < acked else d.dead_letter("boom: at the pinned clock")
+
+
+def _drawn(page: sync_api.Page, chart: str) -> dict[str, list[Any]]:
+    """The nonzero buckets of a drawn chart: each label's values, by dataset."""
+    spec = page.evaluate(
+        "(id) => { const c = document.getElementById(id).chart;"
+        " return {labels: c.data.labels, data: c.data.datasets.map((d) => d.data)}; }",
+        chart,
+    )
+    columns = zip(*spec["data"], strict=True)
+    return {label: list(v) for label, v in zip(spec["labels"], columns, strict=True) if any(v)}
+
+
+def _seconds(text: str) -> float:
+    """A percentile as the dashboard shows it ("850 ms", "4.9 s") in seconds."""
+    number, unit = text.split()
+    return float(number) * {"ms": 0.001, "s": 1.0, "min": 60.0, "h": 3600.0}[unit]
+
+
+def _id_of(q: Queue, key: str) -> int:
+    """The id of the live message of key."""
+    (found,) = [m for m in q.browse(key_prefix=key) if m.key == key]
+    assert found.id is not None
+    return found.id
+
+
+# --- the overview -------------------------------------------------------------------------------
+
+
+def test_overview_totals_and_a_queue_with_only_a_schedule(
+    browser: sync_api.Browser, server: Server, q: Queue, database: str
+) -> None:
+    q.schedule("nightly-report", "0 2 * * *", "UTC", {"report": "sales"})
+    try:
+        page = browser.new_page()
+        page.goto(server.url + "/")
+        row = page.locator(f'tr[data-queue="{q.name}"]')
+        sync_api.expect(row.locator('[data-field="schedules"]')).to_have_text("1")
+        assert [row.locator(f'[data-field="{f}"]').inner_text() for f in ("ready", "delayed", "leased", "dead")] == [
+            "0"
+        ] * 4, "a queue with a schedule and nothing else is listed"
+        row.locator("a").click()
+        sync_api.expect(page.locator("h1")).to_have_text(q.name)
+        assert "nightly-report" in page.locator("#summary").inner_text()
+
+        with Client(database) as client:
+            stats, dead, schedules = client.stats(), client.dead_stats(), client.schedules()
+        names = {s.queue for s in stats} | {d.queue for d in dead} | {s.queue for s in schedules}
+        expected = {
+            "queues": len(names),
+            "ready": sum(s.ready for s in stats),
+            "delayed": sum(s.delayed for s in stats),
+            "leased": sum(s.leased for s in stats),
+            "dead": sum(d.dead for d in dead),
+            "schedules": len(schedules),
+        }
+        page.goto(server.url + "/")
+        shown = {f: page.locator(f'#totals [data-field="{f}"] b').inner_text() for f in expected}
+        assert shown == {f: f"{n:,}" for f, n in expected.items()}
+        page.close()
+    finally:
+        q.unschedule("nightly-report")
+
+
+def test_throughput_chart_with_history_and_what_to_do_without(
+    browser: sync_api.Browser, server: Server, q: Queue, database: str
+) -> None:
+    page = browser.new_page()
+    page.goto(server.url + "/")
+    sync_api.expect(page.locator("#throughput-empty")).to_contain_text("pgdq retain QUEUE 7d")
+    assert page.locator("#throughput-chart").count() == 0, "no empty chart"
+
+    q.retain(timedelta(days=1))
+    now = datetime.now(UTC)
+    events = [(now - timedelta(minutes=10), 2, 0), (now - timedelta(minutes=3), 1, 1), (now - timedelta(hours=3), 5, 0)]
+    for at, acked, dead in events:
+        _finish(database, q.name, at, acked, dead)
+    page.goto(server.url + "/")
+    sync_api.expect(page.locator('#throughput-totals [data-field="acked"]')).to_have_text("3")
+    assert page.locator('#throughput-totals [data-field="failed"]').inner_text() == "1"
+    expected = {at.strftime("%H:%M"): [acked, dead, 0] for at, acked, dead in events[:2]}
+    assert _drawn(page, "throughput-chart") == expected, "per minute, the 3 hours old ones are not in the last hour"
+    row = page.locator(f'tr[data-queue="{q.name}"] [data-field="last-hour"]')
+    assert row.inner_text() == "3 / 1"
+    page.close()
+
+
+# --- a queue's history ------------------------------------------------------------------------
+
+
+def test_queue_page_charts_and_percentiles(browser: sync_api.Browser, server: Server, q: Queue, database: str) -> None:
+    page = browser.new_page()
+    page.goto(f"{server.url}/queues/{q.name}")
+    sync_api.expect(page.locator("#history-empty")).to_contain_text(f"pgdq retain {q.name} 7d")
+
+    q.retain(timedelta(days=7))
+    now = datetime.now(UTC)
+    events = [(now - timedelta(minutes=10), 2, 0), (now - timedelta(minutes=3), 1, 1), (now - timedelta(hours=5), 4, 0)]
+    for at, acked, dead in events:
+        _finish(database, q.name, at, acked, dead)
+    page.goto(f"{server.url}/queues/{q.name}")
+    sync_api.expect(page.locator("#retention")).to_contain_text("History kept for 7 days")
+    cards = {f: page.locator(f'[data-field="{f}"] b').inner_text() for f in ("acked-hour", "dead-hour", "acked-day")}
+    assert cards == {"acked-hour": "3", "dead-hour": "1", "acked-day": "7"}
+    minutes = {at.strftime("%H:%M"): [acked, dead, 0] for at, acked, dead in events[:2]}
+    assert _drawn(page, "minute-chart") == minutes
+    hours: Counter[str] = Counter()
+    failed: Counter[str] = Counter()
+    for at, acked, dead in events:
+        hours[at.strftime("%H:00")] += acked
+        failed[at.strftime("%H:00")] += dead
+    assert _drawn(page, "hour-chart") == {h: [hours[h], failed[h], 0] for h in hours}
+    timings = _drawn(page, "timing-chart")
+    assert sorted(timings) == sorted(minutes), "lateness and run time in the minutes with deliveries"
+    for values in timings.values():  # lateness p50, p99, run p50, p99: within the histogram's 5%
+        assert values == pytest.approx([5, 5, 2, 2], rel=0.05), values
+
+    old = page.locator(f'#hourly tr[data-hour="{events[2][0].replace(minute=0, second=0, microsecond=0).isoformat()}"]')
+    cells = {f: _seconds(old.locator(f'[data-field="{f}"]').inner_text()) for f in ("lateness-p50", "run-p99")}
+    assert cells == pytest.approx({"lateness-p50": 5, "run-p99": 2}, rel=0.05)
+    outcomes = page.locator("#recent tr[data-id] .badge").all_inner_texts()
+    assert Counter(outcomes) == {"acked": 7, "dead": 1}, "the latest to leave"
+    page.close()
+
+
+# --- browsing messages --------------------------------------------------------------------------
+
+
+def test_browse_by_state_key_prefix_and_pages(browser: sync_api.Browser, server: Server, q: Queue) -> None:
+    now = datetime.now(UTC)
+    q.offer("c-1", 0)
+    (held,) = q.poll_many(1, lease=600)
+    q.offer_many([Message(f"a-{n}", n, now + timedelta(minutes=n)) for n in range(1, 6)])
+    q.offer("b-1", {"due": True})
+    q.send({"keyless": True}, scheduled_at=now + timedelta(minutes=30))
+    page = browser.new_page()
+    keys = page.locator("#messages tr[data-id] td:first-child")
+
+    page.goto(f"{server.url}/queues/{q.name}/messages?prefix=a-&limit=2")
+    sync_api.expect(keys).to_have_text(["a-1", "a-2"])
+    page.locator("#next-page").click()
+    sync_api.expect(keys).to_have_text(["a-3", "a-4"])
+    page.locator("#next-page").click()
+    sync_api.expect(keys).to_have_text(["a-5"])
+    assert page.locator("#next-page").count() == 0, "the last page"
+    page.locator("#first-page").click()
+    sync_api.expect(keys).to_have_text(["a-1", "a-2"])
+
+    page.goto(f"{server.url}/queues/{q.name}/messages")
+    # due order, a leased message at its lease's end (in 10 minutes)
+    sync_api.expect(keys).to_have_text(["b-1", "a-1", "a-2", "a-3", "a-4", "a-5", "c-1", "–"])
+    sync_api.expect(page.locator('[data-state="all"] .count')).to_have_text("8")
+    page.locator('[data-state="leased"]').click()
+    sync_api.expect(keys).to_have_text(["c-1"])
+    page.locator('[data-state="delayed"]').click()
+    sync_api.expect(keys).to_have_text(["a-1", "a-2", "a-3", "a-4", "a-5", "–"])
+    page.locator('input[name="prefix"]').fill("a-4")
+    page.locator('button[type="submit"]', has_text="Search").click()
+    sync_api.expect(keys).to_have_text(["a-4"])
+    assert "state=delayed" in page.url, "the search keeps the state"
+    page.locator('[data-state="due"]').click()
+    sync_api.expect(page.locator("#messages-empty")).to_contain_text("has a key starting with a-4")
+    page.locator('input[name="prefix"]').fill("b-")
+    page.locator('button[type="submit"]', has_text="Search").click()
+    sync_api.expect(keys).to_have_text(["b-1"])
+    page.locator("#messages a", has_text="b-1").click()
+    sync_api.expect(page.locator("#payload")).to_contain_text('"due": true')
+    held.ack()
+    page.close()
+
+
+# --- one message -------------------------------------------------------------------------------
+
+
+def test_message_page_shows_payload_headers_and_history(browser: sync_api.Browser, server: Server, q: Queue) -> None:
+    q.retain(timedelta(days=1))
+    q.offer("order-7", {"total": 12}, headers={"traceparent": "00-first"})
+    (first,) = q.poll_many(1)
+    first.nack(error="card declined")
+    (again,) = q.poll_many(1)
+    again.ack()
+    q.offer("order-7", {"total": 13, "note": "größer"}, datetime.now(UTC) + timedelta(hours=1), headers={"h": "v"})
+    live = _id_of(q, "order-7")
+    gone = q.send({"keyless": 1})
+    assert q.cancel_id(gone)
+
+    page = browser.new_page()
+    page.goto(f"{server.url}/queues/{q.name}/messages/{live}")
+    sync_api.expect(page.locator('[data-field="status"]')).to_contain_text("delayed")
+    assert page.locator('[data-field="key"]').inner_text() == "order-7"
+    assert '"note": "größer"' in page.locator("#payload").inner_text()
+    assert page.locator("#headers").inner_text() == '{\n  "h": "v"\n}'
+    (record,) = q.history("order-7")
+    history = page.locator(f'#history tr[data-id="{record.id}"]')
+    assert "acked" in history.inner_text() and "card declined" in history.inner_text()
+    assert history.locator("td").nth(3).inner_text() == "2", "two attempts"
+    history.locator("a").click()  # the earlier message of the key: its record
+    sync_api.expect(page.locator('[data-field="status"]')).to_contain_text("left the queue: acked")
+    assert '"total": 12' in page.locator("#payload").inner_text()
+    assert "00-first" in page.locator("#headers").inner_text()
+    assert page.locator("#run-now, #cancel, #redrive").count() == 0, "nothing to do to a finished message"
+
+    page.goto(f"{server.url}/queues/{q.name}/messages/{gone}")  # keyless: found by its id among the records
+    sync_api.expect(page.locator('[data-field="status"]')).to_contain_text("cancelled")
+    assert '"keyless": 1' in page.locator("#payload").inner_text()
+    response = page.goto(f"{server.url}/queues/{q.name}/messages/{gone + 1000}")
+    assert response is not None and response.status == 404
+    sync_api.expect(page.locator("#message-missing")).to_contain_text(f"no live message {gone + 1000}")
+    page.close()
+
+
+# --- actions: with the admin scope and the CSRF token only -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def secured(database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict[str, str]]]:
+    """A `pgdq serve` with tokens: admin and reader of every queue, admin of the queue "elsewhere"."""
+    path = tmp_path_factory.mktemp("tokens") / "tokens.json"
+    wanted = {"admin": (["admin"], ["*"]), "reader": (["consume"], ["*"]), "other": (["admin"], ["elsewhere"])}
+    secrets = make_tokens(path, wanted)
+    s = serve(database, "--tokens", str(path))
+    yield s, secrets
+    s.stop()
+
+
+def _sign_in(browser: sync_api.Browser, url: str, secret: str) -> sync_api.Page:
+    """A page signed in with secret, confirming every dialog."""
+    page = browser.new_page()
+    page.on("dialog", lambda d: d.accept())
+    page.goto(url + "/login")
+    page.fill('input[name="token"]', secret)
+    page.click('button[type="submit"]')
+    sync_api.expect(page.locator("h1")).to_have_text("Queues")
+    return page
+
+
+def test_actions_with_an_admin_token(
+    browser: sync_api.Browser, secured: tuple[Server, dict[str, str]], q: Queue
+) -> None:
+    s, secrets = secured
+    q.offer("later", 1, datetime.now(UTC) + timedelta(hours=1))
+    q.offer("doomed", 2)
+    (d,) = q.poll_many(1)
+    d.dead_letter("boom")
+    page = _sign_in(browser, s.url, secrets["admin"])
+    csrf = next(c for c in page.context.cookies() if c["name"] == "pgdq_csrf")
+    assert csrf["httpOnly"] and csrf["sameSite"] == "Strict", "no script reads it, no other site sends it"
+
+    page.goto(f"{s.url}/queues/{q.name}/messages/{_id_of(q, 'later')}")
+    page.locator("#run-now").click()
+    sync_api.expect(page.locator("#notice")).to_have_text("Due now: the next poll may lease it.")
+    info = q.get("later")
+    assert info is not None and info.due_at <= datetime.now(UTC)
+    sync_api.expect(page.locator('[data-field="status"]')).to_contain_text("due")
+    page.locator("#cancel").click()
+    sync_api.expect(page.locator("#message-view")).to_contain_text("Cancelled.")
+    assert q.get("later") is None
+
+    (dead,) = q.dead_letters()
+    page.goto(f"{s.url}/queues/{q.name}/messages/{dead.id}")
+    page.locator("#redrive").click()
+    sync_api.expect(page.locator("#notice")).to_contain_text(f"Redriven: dead letter {dead.id} is message")
+    assert q.dead_letters() == [] and q.get("doomed") is not None
+    sync_api.expect(page).to_have_url(re.compile(rf"/messages/{_id_of(q, 'doomed')}$"))
+
+    page.goto(f"{s.url}/queues/{q.name}")
+    page.locator("#pause").click()
+    sync_api.expect(page.locator("#pause-state")).to_contain_text("Paused.")
+    assert q.stats().paused is True and q.poll() is None
+    page.locator("#resume").click()
+    sync_api.expect(page.locator("#pause-state")).to_contain_text("Running")
+    assert q.stats().paused is False
+    page.close()
+
+
+def test_actions_refused_without_admin_or_the_csrf_token(secured: tuple[Server, dict[str, str]], q: Queue) -> None:
+    """Each action: refused (403, 401 without a token) for a reader, another queue's admin, an admin
+    without the page's CSRF token or with a wrong one; alike for a queue and a message that exist and
+    for ones that do not; nothing changed."""
+    s, secrets = secured
+    q.offer("later", 1, datetime.now(UTC) + timedelta(hours=1))
+    q.offer("doomed", 2)
+    (d,) = q.poll_many(1)
+    d.dead_letter("boom")
+    later, (dead,) = _id_of(q, "later"), q.dead_letters()
+    before = (q.get("later"), q.dead_letters(), q.stats())
+    missing = f"missing-{q.name}"[:100]
+    admin = _page_client(s.url, secrets["admin"])
+    no_csrf = _page_client(s.url, secrets["admin"])
+    del no_csrf.headers["x-csrf-token"]
+    wrong = _page_client(s.url, secrets["admin"])
+    wrong.headers["x-csrf-token"] = _page_client(s.url).headers["x-csrf-token"]  # another session's
+    callers = {
+        "reader": (_page_client(s.url, secrets["reader"]), 403, "no admin scope"),
+        "other queue": (_page_client(s.url, secrets["other"]), 403, "no admin scope"),
+        "reader, bearer": (
+            httpx.Client(base_url=s.url, headers={"authorization": f"Bearer {secrets['reader']}"}),
+            403,
+            "admin",
+        ),
+        "no token": (_page_client(s.url), 401, "token"),
+        "admin, no CSRF token": (no_csrf, 403, "CSRF"),
+        "admin, a wrong CSRF token": (wrong, 403, "CSRF"),
+    }
+    actions = ["messages/{later}/run-now", "messages/{later}/cancel", "messages/{dead}/redrive", "pause", "resume"]
+    for action in actions:
+        for who, (client, status, says) in callers.items():
+            answers = []
+            for queue, ids in ((q.name, (later, dead.id)), (missing, (2**62, 2**62 + 1))):
+                path = f"/dashboard/queues/{queue}/" + action.format(later=ids[0], dead=ids[1])
+                r = client.post(path)
+                said = r.json()["error"] if r.headers["content-type"] == "application/json" else "(a page)"
+                answers.append((r.status_code, said.replace(missing, q.name)))
+            assert answers[0] == answers[1], (who, action, answers)
+            assert answers[0][0] == status and says in answers[0][1], (who, action, answers[0])
+            assert q.name not in answers[0][1], (who, action)
+    assert (q.get("later"), q.dead_letters(), q.stats()) == before, "nothing run, cancelled, redriven or paused"
+    assert admin.post(f"/dashboard/queues/{q.name}/pause").status_code == 200, "the admin's page may"
+    assert q.stats().paused is True
+    for client, _, _ in callers.values():
+        client.close()
+    admin.close()
+
+
+# --- no script needed to read ---------------------------------------------------------------------
+
+
+def test_first_paint_without_javascript_has_the_data(browser: sync_api.Browser, server: Server, q: Queue) -> None:
+    _fill(q)
+    q.offer("with-headers", {"total": 99}, headers={"traceparent": "00-xyz"})
+    context = browser.new_context(java_script_enabled=False)
+    page = context.new_page()
+    page.goto(server.url + "/")
+    row = page.locator(f'tr[data-queue="{q.name}"]')
+    stats = q.stats()
+    cells = [row.locator(f'[data-field="{f}"]').inner_text() for f in ("ready", "delayed", "leased", "dead")]
+    assert cells == [str(stats.ready), str(stats.delayed), str(stats.leased), "1"]
+    page.goto(f"{server.url}/queues/{q.name}")
+    assert (_shown(page, "ready"), _shown(page, "delayed"), _shown(page, "dead")) == (stats.ready, stats.delayed, 1)
+    assert "boom: 502" in page.locator('tr[data-key="dead"]').inner_text()
+    page.goto(f"{server.url}/queues/{q.name}/messages?prefix=with-")
+    page.locator("#messages a", has_text="with-headers").click()  # links, not scripts
+    assert '"total": 99' in page.locator("#payload").inner_text() and "00-xyz" in page.locator("#headers").inner_text()
+    context.close()

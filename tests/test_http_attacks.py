@@ -92,6 +92,14 @@ DASHBOARD = [
     ("POST", "/dashboard/queues/{queue}/dead-letters/purge?all=true"),
     ("POST", "/dashboard/queues/{queue}/dead-letters/by-id/1/redrive"),
     ("POST", "/dashboard/queues/{queue}/dead-letters/by-id/1/purge"),
+    # 1.2: browsing, a message's page, its actions, pause and resume
+    ("GET", "/queues/{queue}/messages"),
+    ("GET", "/queues/{queue}/messages/1"),
+    ("POST", "/dashboard/queues/{queue}/messages/1/run-now"),
+    ("POST", "/dashboard/queues/{queue}/messages/1/cancel"),
+    ("POST", "/dashboard/queues/{queue}/messages/1/redrive"),
+    ("POST", "/dashboard/queues/{queue}/pause"),
+    ("POST", "/dashboard/queues/{queue}/resume"),
 ]
 
 

@@ -54,6 +54,16 @@ def same_origin(server: Server) -> dict[str, str]:
     return {"origin": server.url, "sec-fetch-site": "same-origin"}
 
 
+CSRF = "c" * 43  # a page's CSRF token: the X-CSRF-Token header must equal the pgdq_csrf cookie
+
+
+def page_headers(server: Server, token: str | None = None) -> dict[str, str]:
+    """What the dashboard's own page sends with an action: same origin, its
+    CSRF cookie and header, and the sign-in cookie when given a token."""
+    cookie = f"pgdq_csrf={CSRF}" + (f"; pgdq_token={token}" if token else "")
+    return {**same_origin(server), "x-csrf-token": CSRF, "cookie": cookie}
+
+
 @pytest.fixture(scope="module")
 def secured(database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, dict[str, str]]]:
     """A server with tokens (admin, reader), and its secrets by name."""
@@ -85,15 +95,18 @@ def test_cross_site_form_posts_refused_without_tokens(
 def test_same_origin_and_scripts_still_work_without_tokens(server: Server, q: Queue, database: str) -> None:
     make_dead(q, "a", "b")
     base = f"{server.url}/dashboard/queues/{q.name}/dead-letters"
-    assert httpx.post(f"{base}/purge?key=a", headers={**FORM, **same_origin(server)}).status_code == 200
+    r = httpx.post(f"{base}/purge?key=a", headers={**FORM, **same_origin(server)})
+    assert r.status_code == 403 and "CSRF" in r.text, "the page's CSRF token is missing"
+    assert httpx.post(f"{base}/purge?key=a", headers={**FORM, **page_headers(server)}).status_code == 200
     assert dead_keys(database, q.name) == ["b"]
-    assert httpx.post(f"{base}/purge?all=true").status_code == 200, "curl: neither header, no cookie"
+    assert httpx.post(f"{base}/purge?all=true").status_code == 403, "curl without the CSRF token either"
+    assert httpx.post(f"{base}/purge?all=true", headers=page_headers(server)).status_code == 200
     assert dead_keys(database, q.name) == []
 
 
 def test_purge_needs_all_or_a_key(server: Server, q: Queue, database: str) -> None:
     make_dead(q, "a")
-    r = httpx.post(f"{server.url}/dashboard/queues/{q.name}/dead-letters/purge", headers=same_origin(server))
+    r = httpx.post(f"{server.url}/dashboard/queues/{q.name}/dead-letters/purge", headers=page_headers(server))
     assert r.status_code == 400 and "all=true" in r.json()["error"]
     assert dead_keys(database, q.name) == ["a"]
 
@@ -114,7 +127,8 @@ def test_cookie_needs_same_origin_with_tokens(secured: tuple[Server, dict[str, s
     r = httpx.post(f"{s.url}/dashboard/queues/{q.name}/dead-letters/purge?key=a", headers={**bearer, **EVIL})
     assert r.status_code == 200, "a bearer header cannot come from another origin's page"
     assert dead_keys(database, q.name) == ["b"]
-    assert httpx.post(purge_all, headers={**cookie, **same_origin(s)}).status_code == 200
+    assert httpx.post(purge_all, headers={**cookie, **same_origin(s)}).status_code == 403, "no CSRF token"
+    assert httpx.post(purge_all, headers=page_headers(s, secrets["admin"])).status_code == 200
     assert dead_keys(database, q.name) == []
 
 

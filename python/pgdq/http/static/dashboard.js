@@ -7,15 +7,38 @@ document.body.addEventListener("htmx:responseError", (e) => {
   try { text = JSON.parse(text).error; } catch (_) {}
   document.getElementById("message").textContent = `${e.detail.xhr.status}: ${text}`;
 });
-
-// Draw the chart of a fragment's canvas from its data-chart (see _queue.html).
-document.body.addEventListener("htmx:afterSettle", () => {
-  const canvas = document.getElementById("due-chart");
-  if (!canvas || canvas.chart) return;
-  const data = JSON.parse(canvas.dataset.chart);
-  canvas.chart = new Chart(canvas, {
-    type: "bar",
-    data: { labels: data.labels, datasets: [{ label: "messages falling due", data: data.due, backgroundColor: "#4f7fd9" }] },
-    options: { animation: false, maintainAspectRatio: false, plugins: { legend: { display: false } }, scales: { y: { beginAtZero: true, ticks: { precision: 0 } } } },
-  });
+// An action that worked clears the last refusal.
+document.body.addEventListener("htmx:afterRequest", (e) => {
+  if (e.detail.successful && e.detail.requestConfig.verb !== "get") document.getElementById("message").textContent = "";
 });
+
+// Draw a canvas's chart from its data-chart (see _counts_chart in _dashboard.py):
+// {type, labels, datasets: [{label, color, data}], stacked?, unit?}.
+function draw(canvas) {
+  if (canvas.chart) return;
+  const spec = JSON.parse(canvas.dataset.chart);
+  const axis = (stacked) => ({ stacked: Boolean(stacked) });
+  canvas.chart = new Chart(canvas, {
+    type: spec.type,
+    data: {
+      labels: spec.labels,
+      datasets: spec.datasets.map((d) => ({
+        label: d.label, data: d.data, backgroundColor: d.color, borderColor: d.color, pointRadius: spec.type === "line" ? 2 : 0, borderWidth: spec.type === "line" ? 2 : 0,
+      })),
+    },
+    options: {
+      animation: false,
+      maintainAspectRatio: false,
+      plugins: { legend: { display: spec.datasets.length > 1 } },
+      scales: {
+        x: axis(spec.stacked),
+        y: { ...axis(spec.stacked), beginAtZero: true, ticks: spec.unit ? {} : { precision: 0 }, title: { display: Boolean(spec.unit), text: spec.unit || "" } },
+      },
+    },
+  });
+}
+
+// The first paint's charts, then each fragment's as htmx swaps it in.
+const drawAll = () => document.querySelectorAll("canvas[data-chart]").forEach(draw);
+drawAll();
+document.body.addEventListener("htmx:afterSettle", drawAll);
