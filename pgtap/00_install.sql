@@ -1,7 +1,7 @@
 -- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
 -- defaults, security settings, the dq_delivery type, dq_now and dq_version.
 BEGIN;
-SELECT plan(130);
+SELECT plan(132);
 
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
@@ -194,6 +194,11 @@ INSERT INTO expected VALUES
     'dq_history_stats',
     'queue text, since timestamp with time zone, bucket interval',
     'TABLE(bucket_at timestamp with time zone, acked bigint, dead bigint, cancelled bigint, lateness_p50 interval, lateness_p99 interval, run_p50 interval, run_p99 interval)'  -- noqa: LT05
+),
+(
+    'dq_history_bins',
+    'queue text, since timestamp with time zone',
+    'TABLE(minute_at timestamp with time zone, measure text, bin smallint, n bigint)'
 );
 
 SELECT is(

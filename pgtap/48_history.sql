@@ -1,8 +1,8 @@
--- History (1.2): dq_retain, dq_history, dq_history_stats. A record of each
+-- History (1.2): dq_retain, dq_history, dq_history_stats, dq_history_bins. A record of each
 -- message that leaves a queue with retention on, with its outcome, kept for
 -- the queue's period; tallies behind the stats.
 BEGIN;
-SELECT plan(54);
+SELECT plan(59);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 -- off by default: nothing is recorded
@@ -207,6 +207,54 @@ SELECT is(
 );
 SELECT is(
     (SELECT acked FROM dq_history_stats('t_pct', '2024-01-01 11:00+00', '1 hour')), 200::bigint, 'all 200 counted'
+);
+
+-- dq_history_bins: the histograms behind the stats, per minute
+SELECT dq_retain('t_bins', '1 day');
+SELECT set_config('dq.now', '2024-01-01 12:00:00+00', TRUE);
+SELECT dq_send_many('t_bins', array_fill('{}'::jsonb, ARRAY[3]));
+CREATE TEMP TABLE bins_leases AS SELECT lock_token FROM dq_poll_many('t_bins', 3, '1 hour');
+SELECT set_config('dq.now', '2024-01-01 12:00:01+00', TRUE);
+SELECT dq_ack((SELECT min(lock_token::text)::uuid FROM bins_leases));
+SELECT set_config('dq.now', '2024-01-01 12:00:03.5+00', TRUE);
+SELECT dq_ack((SELECT max(lock_token::text)::uuid FROM bins_leases));
+SELECT dq__fold_history();  -- these two from the tallies, the rest from the deltas
+SELECT set_config('dq.now', '2024-01-01 12:01:10+00', TRUE);
+SELECT dq_ack_many((SELECT array_agg(lock_token) FROM bins_leases));  -- the third
+SELECT dq_send('t_bins', '{}');
+TRUNCATE bins_leases;
+INSERT INTO bins_leases SELECT lock_token FROM dq_poll('t_bins', '1 hour');
+SELECT set_config('dq.now', '2024-01-01 12:01:10.2+00', TRUE);
+SELECT dq_ack((SELECT lock_token FROM bins_leases));
+SELECT set_config('dq.now', '2024-01-01 12:02:00+00', TRUE);
+SELECT results_eq(
+    $$SELECT minute_at, (sum(n) FILTER (WHERE measure = 'lateness'))::bigint, (sum(n) FILTER (WHERE measure = 'run'))::bigint
+      FROM dq_history_bins('t_bins', '2024-01-01 11:00+00') GROUP BY 1 ORDER BY 1$$,
+    $$SELECT bucket_at, acked + dead, acked + dead FROM dq_history_stats('t_bins', '2024-01-01 11:00+00', '1 minute')$$,
+    'dq_history_bins: per minute, each measure sums to the messages dq_history_stats counts'
+);
+SELECT results_eq(
+    $$SELECT minute_at, bin, n FROM dq_history_bins('t_bins', '2024-01-01 11:00+00') WHERE measure = 'run'$$,
+    $$SELECT date_bin('1 minute', finished_at, 'epoch'), dq__duration_bin(finished_at - last_leased_at), count(*)
+      FROM dq_history WHERE queue = 't_bins' GROUP BY 1, 2 ORDER BY 1, 2$$,
+    'dq_history_bins: the run times of known acks in their bins (1 s, 3.5 s, 70 s, 0.2 s)'
+);
+SELECT results_eq(
+    $$SELECT minute_at, bin, n FROM dq_history_bins('t_bins', '2024-01-01 11:00+00') WHERE measure = 'lateness'$$,
+    $$VALUES (timestamptz '2024-01-01 12:00+00', 0::smallint, 2::bigint),
+        ('2024-01-01 12:01+00', 0::smallint, 2::bigint)$$,
+    'dq_history_bins: lateness, none here (delivered when due)'
+);
+SELECT is(
+    (
+        SELECT sum(n)::int FROM dq_history_bins('t_bins', '2024-01-01 12:01:59+00')
+        WHERE measure = 'run'
+    ), 2,
+    'dq_history_bins: from the minute holding since'
+);
+SELECT throws_ok(
+    $$SELECT * FROM dq_history_bins('t_bins', NULL)$$, '22004', 'pgdq: since must not be NULL',
+    'dq_history_bins: NULL since'
 );
 
 -- turning it off; ageing out

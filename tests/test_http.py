@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import subprocess
 import sys
@@ -301,9 +302,9 @@ def test_metrics(api: httpx.Client, queue_name: str, q: Queue, database: str) ->
 
 
 def metric_samples(text: str, queue: str) -> dict[tuple[str, str | None], float]:
-    """The samples of queue in a /metrics text, by name and outcome or quantile."""
+    """The samples of queue in a /metrics text, by name and outcome or bucket bound (le)."""
     return {
-        (s.name, s.labels.get("outcome") or s.labels.get("quantile")): s.value
+        (s.name, s.labels.get("outcome") or s.labels.get("le")): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
         if s.labels.get("queue") == queue
@@ -342,12 +343,12 @@ def test_metrics_count_the_finished_messages_of_queues_with_retention(
 
 
 @unsharded("the history metrics list the queues with retention from dq_queues, on the partitions")
-async def test_history_metrics_never_go_down_and_give_the_last_minutes_quantiles(
+async def test_history_metrics_never_go_down_and_give_lateness_and_run_time_histograms(
     database: str, queue_name: str
 ) -> None:
-    """HistoryMetrics on the database's clock (dq.now): counts by outcome since
-    the first scrape's minute that stay as the records age out, and the
-    lateness and run-time quantiles of the last whole minute."""
+    """HistoryMetrics on the database's clock (dq.now): counts by outcome, and
+    histograms of lateness and run time, since the first scrape's minute,
+    that stay as the records age out."""
     start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=10)
 
     set_clock = "SELECT set_config('dq.now', %s, false)"
@@ -380,28 +381,60 @@ async def test_history_metrics_never_go_down_and_give_the_last_minutes_quantiles
             def counts(samples: dict[tuple[str, str | None], float]) -> list[float]:
                 return [samples[("pgdq_queue_finished_total", o)] for o in ("acked", "dead", "cancelled")]
 
-            first = await scrape(30)
-            assert counts(first) == [1, 1, 0] and ("pgdq_queue_lateness_seconds", "0.5") not in first
-            second = await scrape(70)  # the next minute: the first is the last whole one
+            def histogram(samples: dict[tuple[str, str | None], float], name: str) -> dict[float, float]:
+                """name's cumulative buckets by bound, checked against its _count; +Inf is float("inf")."""
+                buckets = {float(le): v for (n, le), v in samples.items() if n == name + "_bucket" and le}
+                assert list(buckets) == sorted(buckets) and list(buckets.values()) == sorted(buckets.values())
+                assert buckets[math.inf] == samples[(name + "_count", None)]
+                return buckets
+
+            def landed(buckets: dict[float, float]) -> dict[float, float]:
+                """The buckets that a count first reaches: bound -> records up to it."""
+                before = 0.0
+                firsts = {}
+                for bound, count in buckets.items():
+                    if count > before:
+                        firsts[bound] = count
+                    before = count
+                return firsts
+
+            first = await scrape(30)  # a and b: late 2 s (a bin to 2.048 s), run 3 s (a bin to 3.3 s)
+            assert counts(first) == [1, 1, 0]
+            assert landed(histogram(first, "pgdq_queue_lateness_seconds")) == {2.5: 2}
+            assert landed(histogram(first, "pgdq_queue_run_seconds")) == {5: 2}
+            assert first[("pgdq_queue_lateness_seconds_sum", None)] == pytest.approx(4, rel=0.05)
+            assert first[("pgdq_queue_run_seconds_sum", None)] == pytest.approx(6, rel=0.05)
+            second = await scrape(70)
             assert counts(second) == [1, 1, 0]
-            assert second[("pgdq_queue_lateness_seconds", "0.5")] == pytest.approx(2, rel=0.05)
-            assert second[("pgdq_queue_lateness_seconds", "0.99")] == pytest.approx(2, rel=0.05)
-            assert second[("pgdq_queue_run_seconds", "0.5")] == pytest.approx(3, rel=0.05)
+            assert histogram(second, "pgdq_queue_run_seconds") == histogram(first, "pgdq_queue_run_seconds")
             writer.execute(set_clock, at(75))
             q.offer("c", 3)
             assert q.cancel("c")
             # two Prometheus servers at once: both read the first minute, the first answer closes it
             third, twin = await asyncio.gather(scrape(150), scrape(150, another))
             assert counts(third) == counts(twin) == [1, 1, 1], "the minute one closed is not counted twice"
-            assert ("pgdq_queue_run_seconds", "0.5") not in third, "the last whole minute delivered none"
+            assert third[("pgdq_queue_run_seconds_count", None)] == twin[("pgdq_queue_run_seconds_count", None)] == 2
             aged = await scrape(20 * 60)  # every record past the queue's 15 minutes
             assert counts(aged) == [1, 1, 1], "counters never go down"
+            assert landed(histogram(aged, "pgdq_queue_run_seconds")) == {5: 2}, "nor do histograms"
             left = await (await reader.execute("SELECT count(*) FROM dq_history(%s)", (queue_name,))).fetchone()
             assert left == (0,), "the records aged out"
             for seconds, key in ((20 * 60 + 5, "d"), (20 * 60 + 40, "e")):
                 writer.execute(set_clock, at(seconds))
                 q.offer(key, 4)
                 assert q.cancel(key)
-            assert counts(await scrape(20 * 60 + 50)) == [1, 1, 3]
+            writer.execute(set_clock, at(20 * 60 + 44))
+            q.offer("f", 6)
+            writer.execute(set_clock, at(20 * 60 + 45))
+            f = q.poll()
+            assert f is not None
+            writer.execute(set_clock, at(20 * 60 + 45.2))
+            f.ack()  # late 1 s (a bin to 1.05 s), run 0.2 s (a bin to 0.207 s)
+            later = await scrape(20 * 60 + 50)
+            assert counts(later) == [2, 1, 3]
+            assert landed(histogram(later, "pgdq_queue_lateness_seconds")) == {2.5: 3}
+            assert landed(histogram(later, "pgdq_queue_run_seconds")) == {0.25: 1, 5: 3}
             q.retain(timedelta(seconds=30))
-            assert counts(await scrape(20 * 60 + 70)) == [1, 1, 3], "d aged out of a minute still open"
+            last = await scrape(20 * 60 + 70)
+            assert counts(last) == [2, 1, 3], "d aged out of a minute still open"
+            assert landed(histogram(last, "pgdq_queue_run_seconds")) == {0.25: 1, 5: 3}

@@ -182,6 +182,7 @@ CALLS = {
     "dq_retain": "SELECT dq_retain(%(q)s, '1 day')",
     "dq_history": "SELECT * FROM dq_history(%(q)s)",
     "dq_history_stats": "SELECT * FROM dq_history_stats(%(q)s, now() - interval '1 hour', '1 minute')",
+    "dq_history_bins": "SELECT * FROM dq_history_bins(%(q)s, now() - interval '1 hour')",
 }
 
 

@@ -51,7 +51,7 @@ ROUTES: dict[str, str] = {
         " dq_due_hours dq_configure dq_channel_set dq_channel_remove dq_channels dq_cron_install"
         " dq_cron_uninstall dq_dead_list dq_dead_purge dq_dead_redrive dq_schedule_set dq_schedule_remove"
         " dq_send dq_send_many dq_get_id dq_cancel_id dq_dead_redrive_id dq_dead_purge_id"
-        " dq_pause dq_resume dq_retain dq_history dq_history_stats dq_browse dq_run_now".split(),
+        " dq_pause dq_resume dq_retain dq_history dq_history_stats dq_history_bins dq_browse dq_run_now".split(),
         "queue",
     ),
     **dict.fromkeys("dq_ack dq_nack dq_extend dq_dead_letter".split(), "token"),

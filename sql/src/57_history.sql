@@ -482,6 +482,81 @@ BEGIN
 END
 $$;
 
+-- queue's lateness and run-time histograms per whole minute, from the
+-- minute holding since to now, of the records not aged out: per minute,
+-- measure ('lateness', 'run') and dq__duration_bin, the records in it.
+CREATE FUNCTION dq_history_bins(queue text, since timestamptz)
+RETURNS TABLE (minute_at timestamptz, measure text, bin smallint, n bigint)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := @extschema@.dq_now();
+    v_from timestamptz;
+    v_cut timestamptz;         -- records finished before it have aged out
+    v_cut_second timestamptz;  -- the first whole second after it (or it)
+    v_cut_minute timestamptz;  -- the first whole minute after it (or it)
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq_history_bins.queue);
+    PERFORM @extschema@.dq__null_check(since IS NULL, 'since');
+    PERFORM @extschema@.dq__check_time(since, 'since');
+    v_from := pg_catalog.date_bin('1 minute', since, 'epoch');
+    v_cut := (
+        SELECT @extschema@.dq__history_cut(q.history_keep, q.history_from, v_now)
+        FROM @extschema@.dq_queues AS q
+        WHERE q.queue = dq_history_bins.queue
+    );
+    IF v_cut IS NULL THEN  -- the queue never kept history
+        RETURN;
+    END IF;
+    -- as dq_history_stats with 1-minute buckets: whole minute tallies after
+    -- the cut, the second tallies before them, the deltas, and the records
+    -- between the cut and the first whole second
+    v_cut_second := pg_catalog.date_bin('1 second', v_cut - interval '1 microsecond', 'epoch') + interval '1 second';
+    v_cut_minute := pg_catalog.date_bin('1 minute', v_cut - interval '1 microsecond', 'epoch') + interval '1 minute';
+
+    RETURN QUERY
+    WITH counted AS (
+        SELECT t.at AS m, t.measure, t.bin, t.n
+        FROM @extschema@.dq_history_tallies AS t
+        WHERE t.queue = dq_history_bins.queue AND t.width = 60 AND t.measure IN ('l', 'r')
+            AND t.at >= v_from AND t.at >= v_cut_minute
+        UNION ALL
+        SELECT pg_catalog.date_bin('1 minute', t.at, 'epoch'), t.measure, t.bin, t.n
+        FROM @extschema@.dq_history_tallies AS t
+        WHERE t.queue = dq_history_bins.queue AND t.width = 1 AND t.measure IN ('l', 'r')
+            AND t.at >= v_from AND t.at >= v_cut_second AND t.at < v_cut_minute
+        UNION ALL
+        SELECT pg_catalog.date_bin('1 minute', d.at, 'epoch'), d.measure, d.bin, d.n
+        FROM @extschema@.dq_history_deltas AS d
+        WHERE d.queue = dq_history_bins.queue AND d.measure IN ('l', 'r')
+            AND d.at >= v_from AND d.at >= v_cut_second
+        UNION ALL
+        SELECT pg_catalog.date_bin('1 minute', r.finished_at, 'epoch'), m.measure,
+            CASE m.measure
+                WHEN 'l' THEN @extschema@.dq__duration_bin(r.lateness)
+                ELSE @extschema@.dq__duration_bin(r.finished_at - r.last_leased_at)
+            END,
+            1::bigint
+        FROM @extschema@.dq_history AS r
+        CROSS JOIN (VALUES ('l'::"char"), ('r'::"char")) AS m (measure)
+        WHERE r.queue = dq_history_bins.queue AND r.outcome IN ('acked', 'dead') AND r.last_leased_at IS NOT NULL
+            AND r.finished_at >= v_from AND r.finished_at >= v_cut AND r.finished_at < v_cut_second
+    )
+    SELECT
+        c.m,
+        CASE c.measure WHEN 'l' THEN 'lateness' ELSE 'run' END,
+        c.bin,
+        sum(c.n)::bigint
+    FROM counted AS c
+    WHERE c.m <= v_now
+    GROUP BY 1, 2, 3
+    ORDER BY 1, 2, 3;
+END
+$$;
+
 -- The measures one record counts in: its outcome ('a', 'd', 'c' or 'p'),
 -- and for an acked or dead message that was delivered its lateness ('l')
 -- and run time ('r').

@@ -1,13 +1,16 @@
 """GET /metrics in the Prometheus text format (prometheus_client): every
 queue's counts and ages, read from dq_stats at each scrape; for queues with
-retention, their finished messages by outcome and last minute's lateness and
-run time, read from dq_history_stats (HistoryMetrics); and this server
+retention, their finished messages by outcome and histograms of their
+lateness and run time, read from dq_history_stats and dq_history_bins
+(HistoryMetrics); and this server
 process's requests, waiting long polls and their latency."""
 
 from __future__ import annotations
 
 import logging
+import math
 import time
+from bisect import bisect_left
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -16,7 +19,7 @@ from typing import Any
 import psycopg
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from psycopg import sql
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -146,24 +149,37 @@ SETTLE = timedelta(minutes=1)
 MAX_SPAN = timedelta(minutes=9000)
 OUTCOMES = ("acked", "dead", "cancelled")
 
+# The histograms' bucket bounds (seconds; +Inf last). A pgdq bin
+# (dq__duration_bin: bin 0 below 1 ms, bin b >= 1 [1.1^(b-1), 1.1^b) ms)
+# counts in the first bound at or above its upper edge (BUCKETS_OF).
+BOUNDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600, math.inf)
+MEASURES = ("lateness", "run")
+
 # The one statement of a scrape: the database's clock, and for each queue
-# with retention (dq_queues.retain: no function lists them) its minute
-# buckets from since (NULL: the current minute) on, none for a queue without
-# records there. dq_history_stats reads the minute tallies, a few rows a
-# minute and queue whatever the traffic, and the deltas not yet folded.
-_HISTORY = """SELECT n.now_at, h.queue, h.bucket_at, h.acked, h.dead, h.cancelled,
-        h.lateness_p50, h.lateness_p99, h.run_p50, h.run_p99
+# with retention (dq_queues.retain: no function lists them) its minutes
+# from since (NULL: the current minute) on, none for a queue without records
+# there: a row of outcome counts (measure NULL) per minute from
+# dq_history_stats, and a row per measure and bin from dq_history_bins.
+# Both read the minute tallies, a few rows a minute and queue whatever the
+# traffic, and the deltas not yet folded.
+_HISTORY = """SELECT n.now_at, h.queue, h.bucket_at, h.acked, h.dead, h.cancelled, h.measure, h.bin, h.n
     FROM (SELECT {now}() AS now_at) AS n
     LEFT JOIN LATERAL (
         SELECT r.queue::text AS queue, b.*
         FROM {queues} AS r
-        LEFT JOIN LATERAL {stats}(
-            r.queue,
-            greatest(
+        CROSS JOIN LATERAL (
+            SELECT greatest(
                 coalesce(%(since)s::timestamptz, pg_catalog.date_bin('1 minute', n.now_at, 'epoch')),
                 n.now_at - %(span)s::interval
-            ),
-            interval '1 minute'
+            ) AS since_at
+        ) AS f
+        LEFT JOIN LATERAL (
+            SELECT s.bucket_at, s.acked, s.dead, s.cancelled, NULL::text AS measure, NULL::smallint AS bin,
+                NULL::bigint AS n
+            FROM {stats}(r.queue, f.since_at, interval '1 minute') AS s
+            UNION ALL
+            SELECT x.minute_at, NULL, NULL, NULL, x.measure, x.bin, x.n
+            FROM {bins}(r.queue, f.since_at) AS x
         ) AS b ON true
         WHERE r.retain IS NOT NULL
     ) AS h ON true
@@ -186,7 +202,9 @@ def history_statement(schema: str | None) -> sql.Composed:
     def name(bare: str) -> sql.Identifier:
         return sql.Identifier(schema, bare) if schema else sql.Identifier(bare)
 
-    return sql.SQL(_HISTORY).format(now=name("dq_now"), queues=name("dq_queues"), stats=name("dq_history_stats"))
+    return sql.SQL(_HISTORY).format(
+        now=name("dq_now"), queues=name("dq_queues"), stats=name("dq_history_stats"), bins=name("dq_history_bins")
+    )
 
 
 def _minute(at: datetime) -> datetime:
@@ -194,9 +212,41 @@ def _minute(at: datetime) -> datetime:
     return at.astimezone(UTC).replace(second=0, microsecond=0)
 
 
-def _plus(counts: list[int], more: list[int]) -> list[int]:
-    """Two counts by OUTCOMES added."""
+def _plus(counts: list[float], more: list[float]) -> list[float]:
+    """Two lists of counts (by OUTCOMES, or a histogram's: _Histogram) added."""
     return [a + b for a, b in zip(counts, more, strict=True)]
+
+
+def bucket_of(bin: int) -> int:
+    """The index in BOUNDS of the bucket a pgdq bin counts in: the first
+    bound at or above the bin's upper edge (bin 0: 1 ms; b: 1.1^b ms)."""
+    return bisect_left(BOUNDS, 0.001 if bin <= 0 else 1.1**bin / 1000)
+
+
+def bin_seconds(bin: int) -> float:
+    """A pgdq bin's middle, in seconds (as dq__bin_duration)."""
+    return 0.0005 if bin <= 0 else 1.1 ** (bin - 0.5) / 1000
+
+
+# A minute's (or the closed minutes') histogram of one measure: the
+# cumulative count of each of BOUNDS (the last is the count), then the sum.
+_Histogram = list[float]
+
+
+def _histogram(bins: dict[int, int]) -> _Histogram:
+    """The _Histogram of a minute's bins (bin -> records)."""
+    counts = [0.0] * len(BOUNDS)
+    for bin, n in bins.items():
+        counts[bucket_of(bin)] += n
+    running = 0.0
+    for i, count in enumerate(counts):
+        running = counts[i] = running + count
+    return [*counts, sum(n * bin_seconds(bin) for bin, n in bins.items())]
+
+
+def _le(bound: float) -> str:
+    """A bucket bound as its le label (as prometheus_client writes it)."""
+    return "+Inf" if bound == math.inf else repr(float(bound))
 
 
 class HistoryMetrics:
@@ -216,15 +266,25 @@ class HistoryMetrics:
     period shorter than the scrape interval), are not counted. Each server
     process counts alike: use rate(), not a sum over servers.
 
-    pgdq_queue_lateness_seconds and pgdq_queue_run_seconds{queue, quantile}
-    are gauges: the 0.5 and 0.99 quantiles of the last whole minute's acked
-    and dead-lettered messages (dq_history_stats' percentiles, within 5%);
-    absent when none finished then. Times are the database's (dq_now)."""
+    pgdq_queue_lateness_seconds and pgdq_queue_run_seconds{queue} are
+    histograms of the acked and dead-lettered messages that were delivered
+    (from due to delivery; from the last delivery to the finish), counted
+    alike from dq_history_bins: per minute, each bucket's cumulative count
+    and the sum are the most any scrape read; closed minutes are added to
+    the totals. A pgdq bin [1.1^(b-1), 1.1^b) ms counts in the first of
+    BOUNDS at or above 1.1^b ms (bin 0, under 1 ms: in 0.001), so a bucket
+    never counts a duration above its bound but may leave out durations up
+    to 10 % below it (counted in the next bucket). _sum adds each bin's
+    middle (dq__bin_duration) per record: within 5 %. Times are the
+    database's (dq_now)."""
 
     def __init__(self) -> None:
         self._mark: datetime | None = None  # minutes before it are closed
-        self._closed: dict[str, list[int]] = {}  # queue -> its closed minutes' counts, by OUTCOMES
-        self._open: dict[tuple[str, datetime], list[int]] = {}  # (queue, minute) -> the most read of it
+        self._closed: dict[str, list[float]] = {}  # queue -> its closed minutes' counts, by OUTCOMES
+        self._open: dict[tuple[str, datetime], list[float]] = {}  # (queue, minute) -> the most read of it
+        # (queue, measure) -> its closed minutes' _Histogram; (queue, minute, measure) -> the most read of it
+        self._closed_histograms: dict[tuple[str, str], _Histogram] = {}
+        self._open_histograms: dict[tuple[str, datetime, str], _Histogram] = {}
         self._warned = False
 
     async def families(self, conn: psycopg.AsyncConnection[Any], schema: str | None) -> list[Metric]:
@@ -241,25 +301,29 @@ class HistoryMetrics:
         now: datetime = rows[0][0]
         if self._mark is None:
             self._mark = _minute(now)
-        last_minute = _minute(now) - MINUTE
-        queues: dict[str, list[Any] | None] = {}  # each queue with retention -> its last minute's percentiles
-        for _, queue, bucket_at, *counts_and_percentiles in rows:
+        queues: set[str] = set()  # each queue with retention
+        bins: dict[tuple[str, datetime, str], dict[int, int]] = {}  # (queue, minute, measure) -> bin -> records
+        for _, queue, bucket_at, acked, dead, cancelled, measure, bin, n in rows:
             if queue is None:
                 continue
-            queues.setdefault(queue, None)
+            queues.add(queue)
             if bucket_at is None or bucket_at < self._mark:  # none, or closed meanwhile by another scrape
                 continue
-            counts, percentiles = counts_and_percentiles[:3], counts_and_percentiles[3:]
+            if measure is not None:
+                bins.setdefault((queue, bucket_at, measure), {})[bin] = n
+                continue
             seen = self._open.get((queue, bucket_at), [0] * len(OUTCOMES))
-            self._open[queue, bucket_at] = [max(a, b) for a, b in zip(seen, counts, strict=True)]
-            if bucket_at == last_minute:
-                queues[queue] = percentiles
+            self._open[queue, bucket_at] = [max(a, b) for a, b in zip(seen, (acked, dead, cancelled), strict=True)]
+        for key, minute_bins in bins.items():
+            read = _histogram(minute_bins)
+            seen = self._open_histograms.get(key, [0.0] * len(read))
+            self._open_histograms[key] = [max(a, b) for a, b in zip(seen, read, strict=True)]
         families = self._report(queues)
         self._close(_minute(now - SETTLE))
         return families
 
-    def _report(self, queues: dict[str, list[Any] | None]) -> list[Metric]:
-        """The families of queues (and their last minute's percentiles): totals closed and open."""
+    def _report(self, queues: set[str]) -> list[Metric]:
+        """The families of queues: totals closed and open."""
         finished = CounterMetricFamily(
             "pgdq_queue_finished",
             "Messages that left a queue with retention since this server process's first scrape, by outcome",
@@ -272,21 +336,25 @@ class HistoryMetrics:
         for queue, counts in totals.items():
             for outcome, count in zip(OUTCOMES, counts, strict=True):
                 finished.add_metric([queue, outcome], count)
-        lateness = GaugeMetricFamily(
+        lateness = HistogramMetricFamily(
             "pgdq_queue_lateness_seconds",
-            "From due to delivery, of the messages acked or dead-lettered in the last whole minute",
-            labels=["queue", "quantile"],
+            "From due to delivery, of the messages acked or dead-lettered since this server process's first scrape",
+            labels=["queue"],
         )
-        run = GaugeMetricFamily(
+        run = HistogramMetricFamily(
             "pgdq_queue_run_seconds",
-            "From the last delivery to the finish, of the messages acked or dead-lettered in the last whole minute",
-            labels=["queue", "quantile"],
+            "From the last delivery to the finish, of the messages acked or dead-lettered"
+            " since this server process's first scrape",
+            labels=["queue"],
         )
-        for queue, percentiles in queues.items():
-            for family, pair in ((lateness, percentiles[:2]), (run, percentiles[2:])) if percentiles else ():
-                for quantile, value in zip(("0.5", "0.99"), pair, strict=True):
-                    if value is not None:  # none delivered
-                        family.add_metric([queue, quantile], value.total_seconds())
+        empty = [0.0] * (len(BOUNDS) + 1)
+        histograms = {(q, m): list(self._closed_histograms.get((q, m), empty)) for q in queues for m in MEASURES}
+        for (queue, _, measure), histogram in self._open_histograms.items():
+            if (queue, measure) in histograms:
+                histograms[queue, measure] = _plus(histograms[queue, measure], histogram)
+        for (queue, measure), histogram in sorted(histograms.items()):
+            buckets = [(_le(bound), count) for bound, count in zip(BOUNDS, histogram, strict=False)]
+            (lateness if measure == "lateness" else run).add_metric([queue], buckets, histogram[-1])
         return [finished, lateness, run]
 
     def _close(self, mark: datetime) -> None:
@@ -294,6 +362,10 @@ class HistoryMetrics:
         for queue, minute in [k for k in self._open if k[1] < mark]:
             counts = self._open.pop((queue, minute))
             self._closed[queue] = _plus(self._closed.get(queue, [0] * len(OUTCOMES)), counts)
+        for queue, minute, measure in [k for k in self._open_histograms if k[1] < mark]:
+            histogram = self._open_histograms.pop((queue, minute, measure))
+            closed = self._closed_histograms.get((queue, measure), [0.0] * len(histogram))
+            self._closed_histograms[queue, measure] = _plus(closed, histogram)
         self._mark = max(mark, self._mark or mark)
 
 
