@@ -108,6 +108,9 @@ def hour_of_stats(system: System) -> dict[str, float]:
     base = datetime(2026, 1, 1, tzinfo=UTC)
     seconds = int(3600 * common.SCALE)
     with psycopg.connect(fresh, autocommit=True) as conn:
+        # on the pinned clock from the start: a period set at today's time
+        # would have aged out everything before its day (dq_retain)
+        conn.execute("SELECT set_config('dq.now', %s, false)", (base.isoformat(),))
         conn.execute("SELECT dq_retain(%s, '100 days')", (QUEUE,))
         q = Queue(QUEUE, conn)
         started = time.perf_counter()
