@@ -281,8 +281,9 @@ def _totals(buckets: Iterable[HistoryBucket]) -> tuple[int, int, int]:
 
 
 async def _retained_minutes(request: Request, since: datetime) -> dict[str, list[HistoryBucket]]:
-    """Each queue with retention on and its minute buckets from since on, in one statement
-    (the one /metrics reads); none where this role or database cannot tell (a router, SQL before 1.2)."""
+    """Each queue with retention on and its minute buckets from since on (their counts; no
+    percentiles), in one statement (the one /metrics reads); none where this role or database
+    cannot tell (a router, SQL before 1.2)."""
     settings = request.app.state.settings
     async with request.app.state.pool.connection() as conn:
         try:
@@ -291,11 +292,11 @@ async def _retained_minutes(request: Request, since: datetime) -> dict[str, list
         except _UNAVAILABLE:
             return {}
     found: dict[str, list[HistoryBucket]] = {}
-    for _, queue, bucket_at, *rest in rows:
+    for _, queue, bucket_at, acked, dead, cancelled, measure, *_bins in rows:
         if queue is not None:
             found.setdefault(queue, [])
-            if bucket_at is not None:
-                found[queue].append(HistoryBucket(bucket_at, *rest))
+            if bucket_at is not None and measure is None:  # a minute's counts (the others: its histogram bins)
+                found[queue].append(HistoryBucket(bucket_at, acked, dead, cancelled, None, None, None, None))
     return found
 
 
