@@ -250,7 +250,7 @@ SELECT is(
     'every pgdq function that turns seq scans off turns JIT off (10_storage.sql)'
 );
 
-SELECT is(dq_version(), '1.2.0', 'dq_version() is the package version');
+SELECT is(dq_version(), '1.3.0', 'dq_version() is the package version');
 SELECT is(
     dq_version(), (
         SELECT extversion FROM pg_extension

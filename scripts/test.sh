@@ -10,7 +10,7 @@
 # PGDQ_PG=V, which `make test PG=V` sets, V alone; make check: 15 or PGDQ_PG).
 #
 # On 15, the version `make demo` embeds, everything runs: pgTAP on a fresh
-# install and on 1.0.0 and 1.1.0 upgraded in place, every pytest suite on a
+# install and on 1.0.0, 1.1.0 and 1.2.0 upgraded in place, every pytest suite on a
 # fresh install and again on 1.0.0 upgraded in place, and the Python API
 # through PL/Proxy routers. On 16, 17 and 18 runs what a server version can
 # change (README.md, "Supported PostgreSQL versions"): pgTAP on the three
@@ -75,7 +75,7 @@ installcheck_after() {
   "$@" && PGDATABASE=$db make -s installcheck
 }
 
-# pgTAP on a fresh install, and on 1.0.0 and 1.1.0 upgraded in place.
+# pgTAP on a fresh install, and on 1.0.0, 1.1.0 and 1.2.0 upgraded in place.
 pgtap_passes() {
   local v=$1
   step "PostgreSQL $v: pgTAP, fresh install (make installcheck)" installcheck_after pgdq_tap fresh_db pgdq_tap
@@ -84,6 +84,8 @@ pgtap_passes() {
     installcheck_after pgdq_tap_upgraded upgraded_db pgdq_tap_upgraded
   step "PostgreSQL $v: pgTAP, 1.1.0 upgraded in place" \
     installcheck_after pgdq_tap_upgraded_1_1 upgraded_db pgdq_tap_upgraded_1_1 1.1.0
+  step "PostgreSQL $v: pgTAP, 1.2.0 upgraded in place" \
+    installcheck_after pgdq_tap_upgraded_1_2 upgraded_db pgdq_tap_upgraded_1_2 1.2.0
 }
 
 # make check: the quick suites on a fresh install, a quarter of each property test's examples.

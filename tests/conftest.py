@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DB = os.environ.get("PGDQ_TEST_DB", "pgdq_py") + (f"_{w}" if (w := os.environ.get("PYTEST_XDIST_WORKER")) else "")
 # "fresh": CREATE EXTENSION pgdq; "upgrade": install 1.0.0, then ALTER
 # EXTENSION pgdq UPDATE, so the whole suite runs against an upgraded database
-# ("upgrade-1.1.0": the same from 1.1.0); "1.0.0" or "1.1.0": that release
+# ("upgrade-1.1.0", "upgrade-1.2.0": the same from that release); "1.0.0",
+# "1.1.0" or "1.2.0": that release
 # alone, to show that a new test fails on it.
 INSTALL = os.environ.get("PGDQ_TEST_INSTALL", "fresh")
 # > 0: the test database is a PL/Proxy router (pgdq.shard) over this many
@@ -123,8 +124,9 @@ def database() -> str:
 
 
 def install_extension(conn: psycopg.Connection[Any]) -> None:
-    """CREATE EXTENSION pgdq the way PGDQ_TEST_INSTALL says (fresh, upgrade[-1.1.0], 1.0.0, 1.1.0)."""
-    releases = {"upgrade": "1.0.0", "upgrade-1.1.0": "1.1.0", "1.0.0": "1.0.0", "1.1.0": "1.1.0"}
+    """CREATE EXTENSION pgdq the way PGDQ_TEST_INSTALL says (fresh, upgrade[-1.1.0|-1.2.0], 1.0.0, 1.1.0, 1.2.0)."""
+    releases = {"upgrade": "1.0.0", "upgrade-1.1.0": "1.1.0", "upgrade-1.2.0": "1.2.0"}
+    releases |= {v: v for v in ("1.0.0", "1.1.0", "1.2.0")}
     if INSTALL in releases:
         conn.execute(sql.SQL("CREATE EXTENSION pgdq VERSION {}").format(sql.Literal(releases[INSTALL])))
         if INSTALL.startswith("upgrade"):

@@ -28,7 +28,7 @@ from waiting import wait_for
 
 FIRST_RELEASE = "1.0.0"
 # every released version, each upgraded in place by the tests below
-RELEASES = ("1.0.0", "1.1.0")
+RELEASES = ("1.0.0", "1.1.0", "1.2.0")
 TABLES = ("dq_messages", "dq_dead_letters", "dq_schedules", "dq_queues")
 
 Conn = psycopg.Connection[Any]

@@ -172,7 +172,7 @@ $$;
 CREATE FUNCTION dq_version() RETURNS text
 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT '1.2.0'::text $$;
+AS $$ SELECT '1.3.0'::text $$;
 
 -- Per-queue settings; a queue without a row has the defaults.
 CREATE TABLE dq_queues (

@@ -1,0 +1,10 @@
+-- pgdq 1.2.0 -> 1.3.0, for ALTER EXTENSION pgdq UPDATE and `pgdq upgrade`.
+-- What the step changes besides the functions; python/tools/gen_upgrade.py
+-- puts every function of sql/src where the @functions line is. What it
+-- changes is in CHANGELOG.md; tests/test_upgrade.py checks that 1.2.0 plus
+-- the step equals a fresh 1.3.0 install, object for object.
+
+-- @functions
+
+-- Warn when every role may create objects in pgdq's schema (docs/security.md).
+SELECT @extschema@.dq__warn_if_open_schema(pg_catalog.current_schema());
