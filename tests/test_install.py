@@ -1,5 +1,5 @@
 """Both install paths (extension and plain SQL), repeated installs, the one
-list of pgdq's tables, search_path hijacking, the GRANTs the README documents
+list of pgdq's tables, search_path hijacking, the GRANTs docs/install.md documents
 for producers and consumers, schema names the scripts cannot embed, uninstall
 keeping users' objects, and the server's warnings shown at install and
 upgrade."""
@@ -198,13 +198,13 @@ def test_search_path_cannot_hijack(database: str, queue_name: str) -> None:
 
 
 def test_documented_grants(database: str, queue_name: str) -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs/install.md").read_text()
     grants = readme.split("<!-- grants -->")[1]
     assert grants.strip().removeprefix("```sql").removesuffix("```").lstrip("\n") == grants_script(), (
-        "the README's GRANTs are `python3 python/pgdq/_script.py --grants`, as generated"
+        "the GRANTs of docs/install.md are `python3 python/pgdq/_script.py --grants`, as generated"
     )
     statements = [line for line in grants.splitlines() if line.startswith(("GRANT", "CREATE ROLE"))]
-    assert statements, "the README documents the GRANTs"
+    assert statements, "docs/install.md documents the GRANTs"
     with psycopg.connect(database, autocommit=True) as admin, documented_roles(admin):
         admin.execute("CREATE ROLE pgdq_nobody")
         for statement in statements:

@@ -36,8 +36,12 @@ from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-# the package's own readme (python/pyproject.toml ships it): its blocks run after README.md's
-READMES = (README, ROOT / "python/README.md")
+# the README's walk-through goes on in docs/ (in reading order), then the package's own
+# readme (python/pyproject.toml ships it): their blocks run after README.md's
+WALKTHROUGH_DOCS = ("python", "guide", "cli", "install", "production", "development")
+READMES = (README, *(ROOT / "docs" / f"{name}.md" for name in WALKTHROUGH_DOCS), ROOT / "python/README.md")
+# the layout table of the repository
+LAYOUT = ROOT / "docs/development.md"
 LANGUAGES = {"sql": "sql", "python": "python", "sh": "sh", "bash": "sh", "console": "sh"}
 RUNNING_FOR = 3.0  # seconds a "runs until stopped" block must keep running
 
@@ -322,7 +326,7 @@ def test_every_block_is_code_the_test_knows() -> None:
 
 
 def layout_section() -> str:
-    text = README.read_text()
+    text = LAYOUT.read_text()
     return text.split("## Layout", 1)[1].split("\n## ", 1)[0]
 
 

@@ -1,4 +1,4 @@
-"""docs/security.md against a real server: what the README's grants allow
+"""docs/security.md against a real server: what docs/install.md's grants allow
 (its privileges table, call by call), per-queue isolation with row-level
 security (its SQL, run as written, for two tenants), wake-ups any role can
 read and fake, and the test clock.
@@ -48,8 +48,8 @@ def rename(text: str, names: dict[str, str]) -> str:
 
 
 def readme_grants() -> list[str]:
-    """The README's GRANT statements, for this run's roles."""
-    block = (ROOT / "README.md").read_text().split("<!-- grants -->")[1]
+    """The GRANT statements of docs/install.md, for this run's roles."""
+    block = (ROOT / "docs/install.md").read_text().split("<!-- grants -->")[1]
     return [rename(line, RENAMED) for line in block.splitlines() if line.startswith("GRANT")]
 
 
@@ -81,7 +81,7 @@ def rows(conn: Conn, query: str, *args: Any) -> list[tuple[Any, ...]]:
 
 @pytest.fixture(scope="module")
 def roles(database: str) -> Iterator[None]:
-    """This run's roles, with the README's grants in the test database; every
+    """This run's roles, with docs/install.md's grants in the test database; every
     database they were used in, and the roles, dropped at the end."""
     with connect(database) as admin:
         for role in ROLES:
@@ -101,7 +101,7 @@ def roles(database: str) -> Iterator[None]:
 
 
 def isolate(conninfo: str, *, version: str | None = None) -> None:
-    """pgdq with the README's grants and the isolation SQL for two tenants
+    """pgdq with docs/install.md's grants and the isolation SQL for two tenants
     (for version 1.0.0: the statements it had, without dq_groups, dq_turns and dq_counts)."""
 
     def of_version(statements: list[str]) -> list[str]:
@@ -127,7 +127,7 @@ def isolated(roles: None) -> str:
     return dsn(RLS_DB)
 
 
-# -- Privileges: what the README's grants allow --------------------------------------
+# -- Privileges: what docs/install.md's grants allow --------------------------------------
 
 # A call of each public function, on a queue with messages, a dead letter and a
 # due schedule; %(token)s is a current lock token.
