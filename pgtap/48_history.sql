@@ -394,7 +394,12 @@ SELECT throws_ok(
 );
 SELECT throws_ok($$SELECT dq_retain('t_neg', '1 day -1 second')$$, '22023', NULL, 'dq_retain: a negative time part');
 SELECT throws_ok($$SELECT dq_retain('t_neg', '-1 mon 40 days')$$, '22023', NULL, 'dq_retain: negative months');
-SELECT is((SELECT count(*)::int FROM dq_queues WHERE queue = 't_neg'), 0, 'and nothing is written');
+SELECT is(
+    (
+        SELECT count(*)::int FROM dq_queues
+        WHERE queue = 't_neg'
+    ), 0, 'and nothing is written'
+);
 SELECT lives_ok($$SELECT dq_retain('t_neg', '1 mon 2 days 03:00')$$, 'dq_retain: a period of every part');
 SELECT throws_ok($$SELECT dq_retain('t_hist', '3651 days')$$, '22023', NULL, 'dq_retain: a keep over 3650 days');
 SELECT throws_ok(

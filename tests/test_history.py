@@ -126,7 +126,10 @@ def test_expiry_does_a_bounded_part_of_a_backlog(database: str, q: Queue) -> Non
     q.retain(timedelta(days=1))
     with psycopg.Connection.connect(database, autocommit=True) as admin:
         admin.execute(
-            "INSERT INTO dq_history (queue, id, outcome, payload, channel, priority, created_at, scheduled_at, finished_at, attempts) SELECT %s, -i, 'acked', '1', '', 0, t, t, t, 1 FROM generate_series(1, 5000) AS i, LATERAL (SELECT now() - interval '2 days' - i * interval '1 ms') AS n (t)",
+            "INSERT INTO dq_history (queue, id, outcome, payload, channel, priority, created_at, scheduled_at,"
+            + " finished_at, attempts) SELECT %s, -i, 'acked', '1', '', 0, t, t, t, 1"
+            + " FROM generate_series(1, 5000) AS i,"
+            + " LATERAL (SELECT now() - interval '2 days' - i * interval '1 ms') AS n (t)",
             (q.name,),
         )
         q.send_many([1] * 600)

@@ -126,9 +126,9 @@ async def test_expiry_does_a_bounded_part_of_a_backlog(database: str, aq: AsyncQ
     async with await psycopg.AsyncConnection.connect(database, autocommit=True) as admin:
         await admin.execute(
             "INSERT INTO dq_history (queue, id, outcome, payload, channel, priority, created_at, scheduled_at,"
-            " finished_at, attempts)"
-            " SELECT %s, -i, 'acked', '1', '', 0, t, t, t, 1"
-            " FROM generate_series(1, 5000) AS i, LATERAL (SELECT now() - interval '2 days' - i * interval '1 ms') AS n (t)",
+            + " finished_at, attempts) SELECT %s, -i, 'acked', '1', '', 0, t, t, t, 1"
+            + " FROM generate_series(1, 5000) AS i,"
+            + " LATERAL (SELECT now() - interval '2 days' - i * interval '1 ms') AS n (t)",
             (aq.name,),
         )
         await aq.send_many([1] * 600)
