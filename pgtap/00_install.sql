@@ -1,7 +1,7 @@
 -- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
 -- defaults, security settings, the dq_delivery type, dq_now and dq_version.
 BEGIN;
-SELECT plan(132);
+SELECT plan(134);
 
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
@@ -199,7 +199,9 @@ INSERT INTO expected VALUES
     'dq_history_bins',
     'queue text, since timestamp with time zone',
     'TABLE(minute_at timestamp with time zone, measure text, bin smallint, n bigint)'
-);
+),
+-- a message finished by key, recorded as acked (1.3)
+('dq_finish', 'queue text, key text', 'boolean');
 
 SELECT is(
     (

@@ -2,7 +2,7 @@
 -- message that leaves a queue with retention on, with its outcome, kept for
 -- the queue's period; tallies behind the stats.
 BEGIN;
-SELECT plan(59);
+SELECT plan(78);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 -- off by default: nothing is recorded
@@ -42,9 +42,9 @@ SELECT is(dq_ack_many(array(SELECT lock_token FROM dq_poll_many('t_hist', 1))), 
 SELECT is((SELECT count(*)::int FROM dq_ack_poll(array(SELECT lock_token FROM dq_poll_many('t_hist', 1)), 't_hist', 0)), 0, 'dq_ack_poll');
 SELECT dq_dead_letter((SELECT lock_token FROM dq_poll('t_hist')), 'given up');
 SELECT results_eq(
-    $$SELECT key, outcome FROM dq_history('t_hist') WHERE key IN ('b', 'c', 'd') ORDER BY key$$,
-    $$VALUES ('b'::text, 'acked'::text), ('c', 'acked'), ('d', 'dead')$$,
-    'acked by dq_ack_many and dq_ack_poll, dead by dq_dead_letter'
+    $$SELECT key, outcome, last_error FROM dq_history('t_hist') WHERE key IN ('b', 'c', 'd') ORDER BY key$$,
+    $$VALUES ('b'::text, 'acked'::text, NULL::text), ('c', 'acked', NULL), ('d', 'dead', 'given up')$$,
+    'acked by dq_ack_many and dq_ack_poll, dead by dq_dead_letter with its error as the last error (1.3)'
 );
 SELECT dq_offer('t_hist', 'e', '5');
 SELECT dq_cancel('t_hist', 'e');
@@ -84,7 +84,12 @@ SELECT set_config('dq.now', '2024-01-01 10:01:10+00', TRUE);
 SELECT is((SELECT count(*)::int FROM dq_poll_many('t_hist', 0)), 0, 'materialised a tick');
 SELECT dq_schedule_remove('t_hist', 'tick');
 SELECT dq_offer('t_hist', 'h', '9');
+SELECT dq_nack((SELECT lock_token FROM dq_poll('t_hist')), '2024-01-01 10:01:10+00', NULL, 'nacked once');
 SELECT dq_dead_letter((SELECT lock_token FROM dq_poll('t_hist')));
+SELECT is(
+    (SELECT last_error FROM dq_history('t_hist', 'h')), NULL,
+    'dq_dead_letter without an error: no last error, as its dead letter has none'
+);
 SELECT dq_dead_purge('t_hist', 'h');
 SELECT is(
     (
@@ -157,11 +162,11 @@ SELECT results_eq(
     'and the stats are the same'
 );
 SELECT results_eq(
-    $$SELECT bucket_at, acked, dead, cancelled FROM dq_history_stats('t_hist', '2024-01-01 09:00+00', '1.5 seconds')$$,
-    $$SELECT date_bin('1.5 seconds', finished_at, 'epoch'), count(*) FILTER (WHERE outcome = 'acked'),
+    $$SELECT bucket_at, acked, dead, cancelled FROM dq_history_stats('t_hist', '2024-01-01 09:00+00', '7 seconds')$$,
+    $$SELECT date_bin('7 seconds', finished_at, 'epoch'), count(*) FILTER (WHERE outcome = 'acked'),
         count(*) FILTER (WHERE outcome = 'dead'), count(*) FILTER (WHERE outcome = 'cancelled')
       FROM dq_history GROUP BY 1 ORDER BY 1$$,
-    'a bucket of a fraction of a second counts the records themselves'
+    'a bucket of whole seconds that are not whole minutes counts what the records say'
 );
 
 -- percentiles within 5 % (or 1 ms) of the exact ones
@@ -272,13 +277,13 @@ SELECT is(
     (SELECT sum(acked + dead + cancelled)::int FROM dq_history_stats('t_hist', '2024-01-01 10:01+00', '1 hour')), 1,
     'the stats count only records that have not aged out'
 );
-SELECT dq__expire_history(1000);
+SELECT dq__expire_history(ARRAY['t_hist'], 1000);
 SELECT is((
     SELECT count(*)::int FROM dq_history
     WHERE queue = 't_hist'
 ), 1, 'expiry deletes the records aged out');
 SELECT set_config('dq.now', '2024-01-03 10:00:00+00', TRUE);
-SELECT dq__expire_history(1000);
+SELECT dq__expire_history(ARRAY['t_hist'], 1000);
 SELECT is(
     (
         SELECT count(*)::int FROM dq_history_tallies
@@ -302,9 +307,9 @@ SELECT results_eq(
 SELECT results_eq(
     $$SELECT (SELECT sum(cancelled) FROM dq_history_stats('t_edge', '2024-02-01 09:00+00', '1 minute')),
              (SELECT sum(cancelled) FROM dq_history_stats('t_edge', '2024-02-01 09:00+00', '1 second')),
-             (SELECT sum(cancelled) FROM dq_history_stats('t_edge', '2024-02-01 09:00+00', '1.5 seconds'))$$,
+             (SELECT sum(cancelled) FROM dq_history_stats('t_edge', '2024-02-01 09:00+00', '7 seconds'))$$,
     $$VALUES (1::numeric, 1::numeric, 1::numeric)$$,
-    'the one still in its period counts, in buckets of minutes, seconds or a fraction'
+    'the one still in its period counts, in buckets of minutes or seconds'
 );
 SELECT dq_retain('t_edge', '1 day');
 SELECT results_eq(
@@ -316,6 +321,65 @@ SELECT is(
     'nor do its stats'
 );
 
+-- History belongs to its queue (1.3): no session setting dates a record
+-- ahead of the server's clock or ages out records early, and a statement
+-- expires records of its own queues only
+SELECT set_config('dq.now', '', TRUE);
+SELECT dq_retain('t_mine', '1 day');
+SELECT dq_retain('t_theirs', '1 day');
+SELECT dq_offer('t_theirs', 'kept', '1');
+SELECT dq_cancel('t_theirs', 'kept');
+SELECT dq_offer('t_mine', 'kept', '1');
+SELECT dq_cancel('t_mine', 'kept');
+SELECT set_config('dq.now', '9999-06-01 00:00+00', TRUE);
+SELECT dq_offer('t_mine', 'forged', '1');
+SELECT dq_cancel('t_mine', 'forged');
+SELECT dq_retain('t_mine', '1 day');
+SELECT dq__expire_history(ARRAY['t_mine', 't_theirs'], 1000);
+SELECT set_config('dq.now', '', TRUE);
+SELECT ok(
+    (SELECT finished_at <= clock_timestamp() FROM dq_history('t_mine', 'forged')),
+    'a session clock in 9999 dates no record ahead of the server''s'
+);
+SELECT results_eq(
+    $$SELECT key FROM dq_history('t_mine')$$, $$VALUES ('forged'::text), ('kept')$$,
+    'nor ages out the records of its queue, by expiry or by dq_retain'
+);
+SELECT results_eq(
+    $$SELECT key FROM dq_history('t_theirs')$$, $$VALUES ('kept'::text)$$, 'nor another queue''s'
+);
+SELECT is(
+    (SELECT sum(cancelled)::int FROM dq_history_stats('t_mine', now() - interval '1 hour', '1 minute')), 2,
+    'and the tallies are there'
+);
+SELECT dq_offer('t_mine', 'done', '1');
+SELECT dq_poll('t_mine');
+SELECT is(dq_finish('t_mine', 'done'), TRUE, 'dq_finish deletes a message by key');
+SELECT is(dq_finish('t_mine', 'done'), FALSE, 'false when there is none');
+SELECT is(dq_finish('t_mine', 'never'), FALSE, 'false for a key never offered');
+SELECT results_eq(
+    $$SELECT outcome, attempts FROM dq_history('t_mine', 'done')$$, $$VALUES ('acked'::text, 1)$$,
+    'and records it acked (1.3)'
+);
+SELECT throws_ok($$SELECT dq_finish(NULL, 'k')$$, '22004', 'pgdq: queue must not be NULL', 'dq_finish: NULL queue');
+SELECT throws_ok($$SELECT dq_finish('t_mine', NULL)$$, '22004', 'pgdq: key must not be NULL', 'dq_finish: NULL key');
+-- records of the old clock, expired only where a statement deleted
+SELECT set_config('dq.now', '2024-03-01 00:00+00', TRUE);
+SELECT dq_retain('t_old_a', '1 minute');
+SELECT dq_retain('t_old_b', '1 minute');
+SELECT dq_offer_many('t_old_a', ARRAY['x', 'y'], ARRAY['1', '2']::jsonb[]);
+SELECT dq_offer_many('t_old_b', ARRAY['x', 'y'], ARRAY['1', '2']::jsonb[]);
+SELECT dq_purge('t_old_a');
+SELECT dq_purge('t_old_b');
+SELECT set_config('dq.now', '2024-03-01 00:10+00', TRUE);
+SELECT dq__expire_history(ARRAY['t_old_a'], 1);
+SELECT results_eq(
+    $$SELECT (SELECT count(*)::int FROM dq_history WHERE queue = 't_old_a'),
+        (SELECT count(*)::int FROM dq_history WHERE queue = 't_old_b')$$,
+    $$VALUES (1, 2)$$,
+    'expiry takes at most max_rows records, of the queues it is given only'
+);
+
 -- errors
 SELECT throws_ok($$SELECT dq_retain(NULL, '1 day')$$, '22004', 'pgdq: queue must not be NULL', 'dq_retain: NULL queue');
 SELECT throws_ok(
@@ -323,6 +387,20 @@ SELECT throws_ok(
     'dq_retain: keep 0'
 );
 SELECT throws_ok($$SELECT dq_retain('t_hist', '-1 hour')$$, '22023', NULL, 'dq_retain: a negative keep');
+SELECT throws_ok(
+    $$SELECT dq_retain('t_neg', '1 mon -29 days')$$, '22023',
+    'pgdq: keep must be positive and at most 3650 days, or NULL, got 1 mon -29 days',
+    'dq_retain: a keep with a negative part (1.3)'
+);
+SELECT throws_ok($$SELECT dq_retain('t_neg', '1 day -1 second')$$, '22023', NULL, 'dq_retain: a negative time part');
+SELECT throws_ok($$SELECT dq_retain('t_neg', '-1 mon 40 days')$$, '22023', NULL, 'dq_retain: negative months');
+SELECT is(
+    (
+        SELECT count(*)::int FROM dq_queues
+        WHERE queue = 't_neg'
+    ), 0, 'and nothing is written'
+);
+SELECT lives_ok($$SELECT dq_retain('t_neg', '1 mon 2 days 03:00')$$, 'dq_retain: a period of every part');
 SELECT throws_ok($$SELECT dq_retain('t_hist', '3651 days')$$, '22023', NULL, 'dq_retain: a keep over 3650 days');
 SELECT throws_ok(
     $$SELECT * FROM dq_history_stats('t_hist', now(), '0.5 seconds')$$, '22023',
@@ -331,6 +409,15 @@ SELECT throws_ok(
 SELECT throws_ok(
     $$SELECT * FROM dq_history_stats('t_hist', now(), '25 hours')$$, '22023', NULL,
     'dq_history_stats: a bucket over a day'
+);
+SELECT throws_ok(
+    $$SELECT * FROM dq_history_stats('t_hist', '1990-01-01', '86399.5 seconds')$$, '22023',
+    'pgdq: bucket must be whole seconds, got 23:59:59.5',
+    'dq_history_stats: a bucket that is not whole seconds (1.3: it read the records of the whole range)'
+);
+SELECT throws_ok(
+    $$SELECT * FROM dq_history_stats('t_hist', dq_now(), '1.5 seconds')$$, '22023',
+    'pgdq: bucket must be whole seconds, got 00:00:01.5', 'dq_history_stats: a second and a half'
 );
 SELECT throws_ok(
     $$SELECT * FROM dq_history_stats('t_hist', dq_now() - interval '10000 seconds', '1 second')$$, '22023',

@@ -7,6 +7,10 @@
 -- changes is in CHANGELOG.md; tests/test_upgrade.py checks that 1.2.0 plus
 -- the step equals a fresh 1.3.0 install, object for object.
 
+-- History belongs to its queue: expiry takes the queues of the statement
+-- that recorded (57_history.sql); the old form expired every queue.
+DROP FUNCTION @extschema@.dq__expire_history(integer);
+
 -- Every function of 1.3.0, as sql/src defines it.
 -- The time dq.now pins the clock to (STRICT: never called when it is unset);
 -- 22023 unless it is a timestamp in the readable range (dq__valid_time).
@@ -140,6 +144,7 @@ DECLARE
     v_outcome text;
     v_now timestamptz;
     v_recorded bigint;
+    v_queues text[];
 BEGIN
     IF NOT @extschema@.dq__is_count_trigger(TG_RELID, TG_NAME::text, TG_LEVEL, TG_WHEN) THEN
         PERFORM @extschema@.dq__count_refuse(TG_RELID, TG_NAME::text);
@@ -163,8 +168,9 @@ BEGIN
     END IF;
 
     -- History (57_history.sql): the records, then their deltas, in one
-    -- statement that writes nothing for a queue without retention.
-    v_now := @extschema@.dq_now();
+    -- statement that writes nothing for a queue without retention; stamped
+    -- by the history clock (never ahead of the server's)
+    v_now := @extschema@.dq__history_now();
     WITH kept AS (
         INSERT INTO @extschema@.dq_history (
             queue, key, id, outcome, payload, state, channel, priority, created_at, scheduled_at,
@@ -191,21 +197,23 @@ BEGIN
         SELECT k.queue, 'r', @extschema@.dq__duration_bin(v_now - k.last_leased_at)
         FROM kept AS k
         WHERE v_outcome IN ('acked', 'dead') AND k.last_leased_at IS NOT NULL
+    ),
+    tallied AS (
+        INSERT INTO @extschema@.dq_history_deltas (queue, at, measure, bin, n)
+        SELECT m.queue, date_bin('1 second', v_now, 'epoch'), m.measure, m.bin, count(*)
+        FROM measured AS m
+        GROUP BY m.queue, m.measure, m.bin
     )
-    INSERT INTO @extschema@.dq_history_deltas (queue, at, measure, bin, n)
-    SELECT m.queue, date_bin('1 second', v_now, 'epoch'), m.measure, m.bin, count(*)
-    FROM measured AS m
-    GROUP BY m.queue, m.measure, m.bin;
-    GET DIAGNOSTICS v_recorded = ROW_COUNT;
+    SELECT count(*), array_agg(DISTINCT k.queue) INTO v_recorded, v_queues
+    FROM kept AS k;
     IF v_recorded > 0 AND current_setting('transaction_isolation') = 'read committed' THEN
         IF random() < 1.0 / 256 THEN
             PERFORM @extschema@.dq__fold_history();
         END IF;
-        IF random() < 1.0 / 64 THEN
-            -- twice, on average, what recording adds
-            PERFORM @extschema@.dq__expire_history(
-                least(greatest(128 * (SELECT count(*) FROM changed_rows), 1000), 100000)::integer
-            );
+        -- twice, on average, what recording adds, of these queues only, and
+        -- never more than max(1024, 2 n) records a statement
+        IF random() < v_recorded / 512.0 THEN
+            PERFORM @extschema@.dq__expire_history(v_queues, greatest(1024, 2 * v_recorded)::integer);
         END IF;
     END IF;
     RETURN NULL;
@@ -2763,12 +2771,14 @@ BEGIN
     IF dq_dead_letter.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_dead_letter.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_dead_letter.queue);
     END IF;
-    SELECT m.id, m.queue, m.channel, m.due_at INTO v_message
-    FROM @extschema@.dq_messages AS m
+    -- lock it, with the verdict as its last error: what its history
+    -- record says (1.3), as its dead letter does
+    UPDATE @extschema@.dq_messages AS m
+    SET last_error = dq_dead_letter.error
     WHERE m.id = @extschema@.dq__token_id(dq_dead_letter.lock_token)
         AND m.lock_token = dq_dead_letter.lock_token
         AND (dq_dead_letter.queue IS NULL OR m.queue = dq_dead_letter.queue)
-    FOR UPDATE;
+    RETURNING m.id, m.queue, m.channel, m.due_at INTO v_message;
     IF NOT FOUND THEN
         RETURN FALSE;
     END IF;
@@ -3182,13 +3192,37 @@ $$;
 CREATE OR REPLACE FUNCTION dq_cancel(queue text, key text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = 'cancelled'  -- what the history records (57_history.sql)
 AS $$
 BEGIN
-    PERFORM @extschema@.dq__check_queue(dq_cancel.queue);
-    PERFORM @extschema@.dq__check_key(dq_cancel.key, 'key');
-    RETURN @extschema@.dq__cancel(dq_cancel.queue, (
+    RETURN @extschema@.dq__cancel_key(dq_cancel.queue, dq_cancel.key);
+END
+$$;
+
+-- Delete one message as done, leased or not (1.3; its history record says
+-- 'acked', as an ack's does); true if one was deleted.
+CREATE OR REPLACE FUNCTION dq_finish(queue text, key text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = 'acked'  -- what the history records (57_history.sql)
+AS $$
+BEGIN
+    RETURN @extschema@.dq__cancel_key(dq_finish.queue, dq_finish.key);
+END
+$$;
+
+-- Delete queue's message of key, leased or not, with the outcome the
+-- caller set (dq_cancel, dq_finish); true if one was deleted.
+CREATE OR REPLACE FUNCTION dq__cancel_key(queue text, key text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq__cancel_key.queue);
+    PERFORM @extschema@.dq__check_key(dq__cancel_key.key, 'key');
+    RETURN @extschema@.dq__cancel(dq__cancel_key.queue, (
         SELECT m.id FROM @extschema@.dq_messages AS m
-        WHERE m.queue = dq_cancel.queue AND m.key = dq_cancel.key
+        WHERE m.queue = dq__cancel_key.queue AND m.key = dq__cancel_key.key
     ));
 END
 $$;
@@ -3198,6 +3232,7 @@ $$;
 CREATE OR REPLACE FUNCTION dq_cancel_id(queue text, id bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = 'cancelled'  -- what the history records (57_history.sql)
 AS $$
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_cancel_id.queue);
@@ -3206,12 +3241,12 @@ BEGIN
 END
 $$;
 
--- Delete queue's message id (NULL: none), freeing the slot its lease held;
--- true if one was deleted. The one place that cancels.
+-- Delete queue's message id (NULL: none), freeing the slot its lease held,
+-- with the outcome its caller set (dq_cancel, dq_cancel_id: 'cancelled';
+-- dq_finish: 'acked'); true if one was deleted. The one place that cancels.
 CREATE OR REPLACE FUNCTION dq__cancel(queue text, id bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-SET "dq.outcome" = 'cancelled'  -- what the history records (57_history.sql)
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -4243,42 +4278,71 @@ AS $$
     SELECT pg_catalog.timestamptz_larger(now_at OPERATOR(pg_catalog.-) keep, coalesce(history_from, '-infinity'))
 $$;
 
--- Delete up to max_rows records (and as many tallies) older than their
--- queue's period, per queue, oldest first; rows another expiry holds are
--- left. Never waits.
-CREATE OR REPLACE FUNCTION dq__expire_history(max_rows integer) RETURNS void
+-- The history's clock: the session's dq_now(), but never ahead of the
+-- server's. Records are stamped and expired by it, so a session's dq.now
+-- can pin it to the past (tests) but can neither date a record ahead of the
+-- server nor age out a record early.
+CREATE OR REPLACE FUNCTION dq__history_now() RETURNS timestamptz
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT pg_catalog.timestamptz_smaller(@extschema@.dq_now(), pg_catalog.clock_timestamp())
+$$;
+
+-- Delete up to max_rows records older than their queue's period (and up to
+-- as many tallies), of queues only, oldest first, by the history clock;
+-- rows another expiry holds are left. Never waits.
+CREATE OR REPLACE FUNCTION dq__expire_history(queues text[], max_rows integer) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 DECLARE
-    v_now timestamptz := @extschema@.dq_now();
+    v_now timestamptz := @extschema@.dq__history_now();
     v_queue record;
+    v_left integer := max_rows;
+    v_tallies_left integer := max_rows;
+    v_deleted integer;
 BEGIN
     FOR v_queue IN
         SELECT q.queue, @extschema@.dq__history_cut(q.history_keep, q.history_from, v_now) AS cut
         FROM @extschema@.dq_queues AS q
-        WHERE q.history_keep IS NOT NULL
+        WHERE q.queue = ANY (dq__expire_history.queues) AND q.history_keep IS NOT NULL
         ORDER BY q.queue
     LOOP
+        EXIT WHEN v_left <= 0 AND v_tallies_left <= 0;
         DELETE FROM @extschema@.dq_history AS h
         WHERE h.ctid = ANY (ARRAY(
             SELECT o.ctid FROM @extschema@.dq_history AS o
             WHERE o.queue = v_queue.queue AND o.finished_at < v_queue.cut
             ORDER BY o.finished_at
-            LIMIT max_rows
+            LIMIT greatest(v_left, 0)
             FOR UPDATE SKIP LOCKED
         ));
+        GET DIAGNOSTICS v_deleted = ROW_COUNT;
+        v_left := v_left - v_deleted;
         DELETE FROM @extschema@.dq_history_tallies AS y
         WHERE y.ctid = ANY (ARRAY(
             SELECT o.ctid FROM @extschema@.dq_history_tallies AS o
             WHERE o.queue = v_queue.queue AND o.width IN (1, 60)
                 AND o.at < v_queue.cut - interval '1 minute'
-            LIMIT max_rows
+            LIMIT greatest(v_tallies_left, 0)
             FOR UPDATE SKIP LOCKED
         ));
+        GET DIAGNOSTICS v_deleted = ROW_COUNT;
+        v_tallies_left := v_tallies_left - v_deleted;
     END LOOP;
 END
+$$;
+
+-- Whether an interval has a negative part (months, days or time): a
+-- length such as '1 mon -29 days' that is no period.
+CREATE OR REPLACE FUNCTION dq__has_negative_part(i interval) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p.months < 0 OR p.days < 0
+        OR i - make_interval(months => p.months::integer, days => p.days::integer) < interval '0'
+    FROM (SELECT date_part('year', i) * 12 + date_part('month', i) AS months, date_part('day', i) AS days) AS p
 $$;
 
 -- Keep a record of each message of queue that leaves it from now on, for
@@ -4290,10 +4354,12 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := @extschema@.dq_now();
+    v_now timestamptz := @extschema@.dq__history_now();
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_retain.queue);
-    IF keep <= interval '0' OR keep > interval '3650 days' THEN
+    -- a period: no part negative ('1 mon -29 days' is 22023), the whole
+    -- longer than zero
+    IF keep <= interval '0' OR keep > interval '3650 days' OR @extschema@.dq__has_negative_part(keep) THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
             MESSAGE = pg_catalog.format('pgdq: keep must be positive and at most 3650 days, or NULL, got %s', keep);
@@ -4388,10 +4454,12 @@ AS $$
     FROM position AS o
 $$;
 
--- queue's records counted per bucket of bucket (1 second to 1 day),
--- from the bucket holding since to now, oldest first: buckets with a
--- record only. From the minute tallies when bucket is whole minutes, the
--- second tallies when it is whole seconds, else from the records.
+-- queue's records counted per bucket of bucket (whole seconds, 1 second
+-- to 1 day), from the bucket holding since to now, oldest first: buckets
+-- with a record only. From the minute tallies when bucket is whole
+-- minutes, else from the second tallies: the work is bounded by the
+-- buckets, never by the records (1.3; a fraction of a second read the
+-- records).
 CREATE OR REPLACE FUNCTION dq_history_stats(queue text, since timestamptz, bucket interval)
 RETURNS TABLE (
     bucket_at timestamptz,
@@ -4430,6 +4498,11 @@ BEGIN
             ERRCODE = '22023',
             MESSAGE = pg_catalog.format('pgdq: bucket must be from 1 second to 1 day, got %s', bucket);
     END IF;
+    IF v_seconds % 1 <> 0 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('pgdq: bucket must be whole seconds, got %s', bucket);
+    END IF;
     v_from := pg_catalog.date_bin(bucket, since, 'epoch');
     -- the buckets from the one holding since to the one holding now
     v_buckets := pg_catalog.floor(
@@ -4450,24 +4523,21 @@ BEGIN
     IF v_cut IS NULL THEN  -- the queue never kept history
         RETURN;
     END IF;
-    v_width := CASE
-        WHEN v_seconds % 60 = 0 THEN 60
-        WHEN v_seconds % 1 = 0 THEN 1
-    END;
+    v_width := CASE WHEN v_seconds % 60 = 0 THEN 60 ELSE 1 END;
     -- what has not aged out: whole tallies after the cut, the seconds
     -- between the cut and the first whole tally, and the records between
     -- the cut and the first whole second
     v_cut_second := pg_catalog.date_bin('1 second', v_cut - interval '1 microsecond', 'epoch') + interval '1 second';
     v_cut_width := pg_catalog.date_bin(
-        make_interval(secs => coalesce(v_width, 1)), v_cut - interval '1 microsecond', 'epoch'
-    ) + make_interval(secs => coalesce(v_width, 1));
+        make_interval(secs => v_width), v_cut - interval '1 microsecond', 'epoch'
+    ) + make_interval(secs => v_width);
 
     RETURN QUERY
     WITH counted AS (
         -- folded tallies of the period
         SELECT pg_catalog.date_bin(bucket, t.at, 'epoch') AS b, t.measure, t.bin, t.n
         FROM @extschema@.dq_history_tallies AS t
-        WHERE v_width IS NOT NULL AND t.queue = dq_history_stats.queue AND t.width = v_width
+        WHERE t.queue = dq_history_stats.queue AND t.width = v_width
             AND t.at >= v_from AND t.at >= v_cut_width
         UNION ALL
         -- the seconds before the first whole minute after the cut
@@ -4479,11 +4549,11 @@ BEGIN
         -- and the deltas not yet folded
         SELECT pg_catalog.date_bin(bucket, d.at, 'epoch'), d.measure, d.bin, d.n
         FROM @extschema@.dq_history_deltas AS d
-        WHERE v_width IS NOT NULL AND d.queue = dq_history_stats.queue AND d.at >= v_from
+        WHERE d.queue = dq_history_stats.queue AND d.at >= v_from
             AND d.at >= v_cut_second
         UNION ALL
-        -- the records themselves: for a bucket of a fraction of a second,
-        -- and between the cut and the first whole second after it
+        -- the records themselves between the cut and the first whole
+        -- second after it
         SELECT pg_catalog.date_bin(bucket, r.finished_at, 'epoch'), m.measure,
             CASE m.measure
                 WHEN 'l' THEN @extschema@.dq__duration_bin(r.lateness)
@@ -4494,7 +4564,7 @@ BEGIN
         FROM @extschema@.dq_history AS r
         CROSS JOIN LATERAL @extschema@.dq__history_measures(r.outcome, r.last_leased_at) AS m (measure)
         WHERE r.queue = dq_history_stats.queue AND r.finished_at >= v_from AND r.finished_at >= v_cut
-            AND (v_width IS NULL OR r.finished_at < v_cut_second)
+            AND r.finished_at < v_cut_second
     ),
     binned AS (
         SELECT c.b, c.measure, c.bin, sum(c.n)::bigint AS n

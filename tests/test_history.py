@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 from pgdq import InvalidArgument, Message, NullArgument, Queue
 from test_queue import future
@@ -95,11 +96,46 @@ def test_history_arguments_are_checked(q: Queue) -> None:
         q.retain("1 day")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="bucket must be from 1 second to 1 day"):
         q.history_stats(future(-60), 0.5)
+    with pytest.raises(InvalidArgument, match="bucket must be whole seconds, got 23:59:59.5"):
+        q.history_stats(future(-3600), 86399.5)  # 1.3: it read every record of the range
     with pytest.raises(InvalidArgument, match="since must be timezone-aware"):
         q.history_stats(datetime(2024, 1, 1), 60)  # noqa: DTZ001
     with pytest.raises(NullArgument, match="max_count must not be NULL"):
         q.history(max_count=None)  # type: ignore[arg-type]
     assert q.history(max_count=0) == []
+
+
+def test_finish_records_the_message_acked(q: Queue) -> None:
+    """finish (dq_finish, 1.3) deletes a message by key as done: its record
+    says acked, where cancel's says cancelled."""
+    q.retain(timedelta(days=1))
+    q.offer("done", 1)
+    assert q.poll() is not None
+    assert q.finish("done") is True
+    assert q.finish("done") is False, "none left"
+    q.offer("dropped", 2)
+    assert q.cancel("dropped") is True
+    records = [(r.key, r.outcome, r.attempts) for r in q.history()]
+    assert records == [("dropped", "cancelled", 0), ("done", "acked", 1)]
+
+
+def test_expiry_does_a_bounded_part_of_a_backlog(database: str, q: Queue) -> None:
+    """A statement that records n records expires at most max(1024, 2 n) of
+    its queue's aged-out ones (1.3: an ack of 600 deleted all of a backlog,
+    up to 100,000, 0.5 s instead of 36 ms); 600 records: exactly 1,200."""
+    q.retain(timedelta(days=1))
+    with psycopg.Connection.connect(database, autocommit=True) as admin:
+        admin.execute(
+            "INSERT INTO dq_history (queue, id, outcome, payload, channel, priority, created_at, scheduled_at,"
+            + " finished_at, attempts) SELECT %s, -i, 'acked', '1', '', 0, t, t, t, 1"
+            + " FROM generate_series(1, 5000) AS i,"
+            + " LATERAL (SELECT now() - interval '2 days' - i * interval '1 ms') AS n (t)",
+            (q.name,),
+        )
+        q.send_many([1] * 600)
+        assert q.ack_many([d.lock_token for d in q.poll_many(600)]) == 600
+        cur = admin.execute("SELECT count(*) FROM dq_history WHERE queue = %s AND id < 0", (q.name,))
+        assert cur.fetchone() == (3800,), "the oldest 1,200 aged-out records, no more"
 
 
 def test_browse_pages_and_run_now(q: Queue) -> None:

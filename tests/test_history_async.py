@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 from pgdq import AsyncQueue, InvalidArgument, Message, NullArgument
 from test_queue_async import future
@@ -94,11 +95,46 @@ async def test_history_arguments_are_checked(aq: AsyncQueue) -> None:
         await aq.retain("1 day")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="bucket must be from 1 second to 1 day"):
         await aq.history_stats(future(-60), 0.5)
+    with pytest.raises(InvalidArgument, match="bucket must be whole seconds, got 23:59:59.5"):
+        await aq.history_stats(future(-3600), 86399.5)  # 1.3: it read every record of the range
     with pytest.raises(InvalidArgument, match="since must be timezone-aware"):
         await aq.history_stats(datetime(2024, 1, 1), 60)  # noqa: DTZ001
     with pytest.raises(NullArgument, match="max_count must not be NULL"):
         await aq.history(max_count=None)  # type: ignore[arg-type]
     assert await aq.history(max_count=0) == []
+
+
+async def test_finish_records_the_message_acked(aq: AsyncQueue) -> None:
+    """finish (dq_finish, 1.3) deletes a message by key as done: its record
+    says acked, where cancel's says cancelled."""
+    await aq.retain(timedelta(days=1))
+    await aq.offer("done", 1)
+    assert await aq.poll() is not None
+    assert await aq.finish("done") is True
+    assert await aq.finish("done") is False, "none left"
+    await aq.offer("dropped", 2)
+    assert await aq.cancel("dropped") is True
+    records = [(r.key, r.outcome, r.attempts) for r in await aq.history()]
+    assert records == [("dropped", "cancelled", 0), ("done", "acked", 1)]
+
+
+async def test_expiry_does_a_bounded_part_of_a_backlog(database: str, aq: AsyncQueue) -> None:
+    """A statement that records n records expires at most max(1024, 2 n) of
+    its queue's aged-out ones (1.3: an ack of 600 deleted all of a backlog,
+    up to 100,000, 0.5 s instead of 36 ms); 600 records: exactly 1,200."""
+    await aq.retain(timedelta(days=1))
+    async with await psycopg.AsyncConnection.connect(database, autocommit=True) as admin:
+        await admin.execute(
+            "INSERT INTO dq_history (queue, id, outcome, payload, channel, priority, created_at, scheduled_at,"
+            + " finished_at, attempts) SELECT %s, -i, 'acked', '1', '', 0, t, t, t, 1"
+            + " FROM generate_series(1, 5000) AS i,"
+            + " LATERAL (SELECT now() - interval '2 days' - i * interval '1 ms') AS n (t)",
+            (aq.name,),
+        )
+        await aq.send_many([1] * 600)
+        assert await aq.ack_many([d.lock_token for d in await aq.poll_many(600)]) == 600
+        cur = await admin.execute("SELECT count(*) FROM dq_history WHERE queue = %s AND id < 0", (aq.name,))
+        assert await cur.fetchone() == (3800,), "the oldest 1,200 aged-out records, no more"
 
 
 async def test_browse_pages_and_run_now(aq: AsyncQueue) -> None:

@@ -41,6 +41,18 @@ def test_add_pop_finish(api: httpx.Client, queue_name: str, q: Queue) -> None:
     assert (status, answer["success"], answer["error"]) == (404, False, "no job of id 'order:1'")
 
 
+def test_a_finished_job_is_recorded_acked_a_deleted_one_cancelled(api: httpx.Client, queue_name: str, q: Queue) -> None:
+    """finish is the job done (history: acked, 1.3; it said cancelled), delete is not."""
+    q.retain(timedelta(days=1))
+    for job in ("done", "named", "dropped"):
+        command(api, command="add", topic=queue_name, id=job, body=job)
+    assert {command(api, command="pop", topic=queue_name)[1]["id"] for _ in range(3)} == {"done", "named", "dropped"}
+    assert command(api, command="finish", id="done")[1]["success"] is True
+    assert command(api, command="finish", id="named", topic=queue_name)[1]["success"] is True
+    assert command(api, command="delete", id="dropped")[1]["success"] is True
+    assert {r.key: r.outcome for r in q.history()} == {"done": "acked", "named": "acked", "dropped": "cancelled"}
+
+
 def _empty() -> dict[str, Any]:
     return {"success": True, "error": None, "id": None, "value": None}
 

@@ -46,6 +46,17 @@ def test_push_pop_finish(api: httpx.Client, queue_name: str, q: Queue) -> None:
     assert call(api, "/finish", id="15702398321") == (200, EMPTY), "as delay-queue: done is done"
 
 
+def test_a_finished_job_is_recorded_acked_a_deleted_one_cancelled(api: httpx.Client, queue_name: str, q: Queue) -> None:
+    """/finish is the job done (history: acked, 1.3; it said cancelled), /delete is not."""
+    q.retain(timedelta(days=1))
+    for job in ("done", "dropped"):
+        assert call(api, "/push", topic=queue_name, id=job, delay=0, ttr=30, body=job)[1]["code"] == 0
+    assert call(api, "/pop", topic=queue_name)[1]["data"]["id"] in {"done", "dropped"}
+    assert call(api, "/finish", id="done") == (200, EMPTY)
+    assert call(api, "/delete", id="dropped") == (200, EMPTY)
+    assert {r.key: r.outcome for r in q.history()} == {"done": "acked", "dropped": "cancelled"}
+
+
 def test_delay_and_delete(api: httpx.Client, queue_name: str, q: Queue) -> None:
     assert call(api, "/push", topic=queue_name, id="later", delay=3600, ttr=30, body="x")[1]["code"] == 0
     assert timedelta(seconds=3590) < q.get("later").due_at - datetime.now(UTC)  # type: ignore[union-attr]

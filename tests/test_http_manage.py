@@ -208,6 +208,7 @@ def test_retention_and_history(api: httpx.Client, queue_name: str, q: Queue) -> 
         ("GET", "/history/stats?since=2030-01-01T00:00:00", None, "since: Input should have timezone info"),
         ("GET", "/history/stats?since=2030-01-01T00:00:00Z&bucket=0.5", None, "bucket: Input should be greater"),
         ("GET", "/history/stats?since=2000-01-01T00:00:00Z&bucket=1", None, "must span at most 10000 buckets"),
+        ("GET", "/history/stats?since=1990-01-01T00:00:00Z&bucket=86399.5", None, "bucket must be whole seconds"),
     ],
 )
 def test_history_bad_input_is_400_and_writes_nothing(

@@ -143,6 +143,7 @@ CALLS = {
     "dq_extend": "SELECT dq_extend(%(token)s, '1 minute')",
     "dq_dead_letter": "SELECT dq_dead_letter(%(token)s, 'given up')",
     "dq_cancel": "SELECT dq_cancel(%(q)s, 'ready')",
+    "dq_finish": "SELECT dq_finish(%(q)s, 'ready')",
     "dq_get": "SELECT * FROM dq_get(%(q)s, 'ready')",
     "dq_purge": "SELECT dq_purge(%(q)s)",
     "dq_stats": "SELECT * FROM dq_stats()",
@@ -592,3 +593,77 @@ def test_the_test_clock_is_the_sessions_own(database: str, queue_name: str) -> N
             pinned.execute("SELECT dq_purge(%s)", (queue_name,))
         pinned.execute("RESET dq.now")
         assert value(pinned, "SELECT dq_purge(%s)", queue_name) == 0
+
+
+# -- History: a caller reaches no records but those of the messages it deletes (1.3) ---
+
+
+def forge(queue: str) -> sql.Composed:
+    """1,000 offers and cancels of queue in one statement: 1.2's count trigger
+    expired history (with probability 1/64 each, as pgdq's owner) over every
+    queue by the caller's clock."""
+    return sql.SQL(
+        "DO $forge$ BEGIN FOR i IN 1..1000 LOOP"
+        " PERFORM dq_offer({q}, 'forged', '1'); PERFORM dq_cancel({q}, 'forged');"
+        " END LOOP; END $forge$"
+    ).format(q=sql.Literal(queue))
+
+
+def acked_history(conn: Conn, queue: str, n: int) -> None:
+    """n messages of queue that keeps history a day, sent, delivered and acked."""
+    conn.execute("SELECT dq_retain(%s, '1 day')", (queue,))
+    conn.execute("SELECT dq_send_many(%s, array_fill('1'::jsonb, ARRAY[%s]))", (queue, n))
+    assert value(conn, "SELECT dq_ack_many(ARRAY(SELECT lock_token FROM dq_poll_many(%s, %s)))", queue, n) == n
+
+
+def kept(conn: Conn, queue: str) -> tuple[int, int, int]:
+    """A queue's acked records, all its records, and the acked in its stats."""
+    return (
+        value(conn, "SELECT count(*) FROM dq_history(%s, NULL, 100000) WHERE outcome = 'acked'", queue),
+        value(conn, "SELECT count(*) FROM dq_history(%s, NULL, 100000)", queue),
+        value(
+            conn, "SELECT coalesce(sum(acked), 0) FROM dq_history_stats(%s, now() - interval '1 hour', '1 hour')", queue
+        ),
+    )
+
+
+def test_a_producer_with_a_clock_in_9999_wipes_no_history(database: str, roles: None) -> None:
+    """The README's producer, SET dq.now = '9999-06-01', 1,000 offers and
+    cancels: no record of its queue or another ages out, and its own are not
+    dated after the server's clock (1.2: all records and tallies of every
+    queue went, and the forged ones headed dq_history for ever)."""
+    mine, theirs = f"sec_hist_mine_{TAG}", f"sec_hist_theirs_{TAG}"
+    with connect(database) as admin, connect(database, PRODUCER) as producer:
+        try:
+            acked_history(admin, mine, 50)
+            acked_history(admin, theirs, 50)
+            producer.execute("SET dq.now = '9999-06-01 00:00+00'")
+            producer.execute(forge(mine))
+            assert kept(admin, theirs) == (50, 50, 50), "another queue's records and tallies stay"
+            assert kept(admin, mine) == (50, 1050, 50), "and the queue's own"
+            assert value(admin, "SELECT max(finished_at) <= clock_timestamp() FROM dq_history WHERE queue = %s", mine)
+        finally:
+            for q in (mine, theirs):
+                admin.execute("DELETE FROM dq_history WHERE queue = %s", (q,))
+                admin.execute("DELETE FROM dq_history_deltas WHERE queue = %s", (q,))
+                admin.execute("DELETE FROM dq_history_tallies WHERE queue = %s", (q,))
+                admin.execute("DELETE FROM dq_queues WHERE queue = %s", (q,))
+
+
+def test_a_tenant_reads_its_own_history_and_touches_no_other(isolated: str) -> None:
+    """Under the isolation SQL a tenant reads every record of its queues (1.2:
+    none of them) and nothing of another's, and its forged clock and deletes
+    leave the other's records as they were."""
+    payroll, billing = "payroll/history", "billing/history"
+    with connect(isolated, PAYROLL) as p, connect(isolated, BILLING) as b, connect(isolated) as admin:
+        acked_history(p, payroll, 300)
+        acked_history(b, billing, 10)
+        assert kept(p, payroll) == (300, 300, 300), "a tenant reads its own queue's history"
+        assert kept(b, payroll) == (0, 0, 0), "and no other's"
+        assert value(b, "SELECT count(*) FROM dq_history_bins(%s, now() - interval '1 hour')", payroll) == 0
+        for table in ("dq_history", "dq_history_deltas", "dq_history_tallies"):
+            assert value(b, f"SELECT count(*) FROM {table} WHERE NOT starts_with(queue, 'billing/')") == 0, table
+        b.execute("SET dq.now = '9999-06-01 00:00+00'")
+        b.execute(forge(billing))
+        assert kept(admin, payroll) == (300, 300, 300), "its forged clock ages out nothing of another tenant"
+        assert kept(p, payroll) == (300, 300, 300)

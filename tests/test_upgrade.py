@@ -224,7 +224,7 @@ def check_live_queue(conn: Conn, consumer: Conn, token: Any, keys: set[str], bef
     assert conn.execute("SELECT dq_ack_many(%s, 'live')", (tokens,)).fetchone() == (len(tokens),)
     assert conn.execute("SELECT dq_dead_redrive('live')").fetchone() == (1,), "the dead letter survived"
     assert conn.execute("SELECT name FROM dq_schedules('live')").fetchall() == [("nightly",)]
-    assert conn.execute("SELECT max_attempts FROM dq_queues").fetchall() == [(5,)]
+    assert conn.execute("SELECT max_attempts FROM dq_queues WHERE queue = 'live'").fetchall() == [(5,)]
     conn.execute("SELECT dq_offer('live', 'new', '1')")
     new_id = conn.execute("SELECT id FROM dq_messages WHERE key = 'new'").fetchone()
     assert new_id is not None and new_id[0] > max(row[0] for row in before), "ids kept counting"
@@ -304,6 +304,67 @@ def test_a_live_1_1_0_database_upgrades_with_everything_in_it(scratch: str, kind
             ("p2", "partner", 2)
         ], "the channel's turn came"
         assert conn.execute("SELECT attempts, last_error FROM dq_peek('errors')").fetchall() == [(1, "kept")]
+        check_live_queue(conn, consumer, token, keys, before["dq_messages"])
+
+
+def fill_history(conn: Conn, consumer: Conn) -> Any:
+    """What 1.2 added: a queue keeping history with records of each outcome,
+    folded tallies and deltas not yet folded, a leased message with headers
+    and a nacked one with its error (the consumer's lock token returned), a
+    keyless message, and a paused queue with a message."""
+    conn.execute("SELECT dq_retain('kept', '7 days')")
+    conn.execute(
+        """SELECT dq_offer('kept', k, '1', NULL, true, NULL, 0, '{"h": 1}') FROM unnest('{a,b,c,d}'::text[]) k"""
+    )
+    conn.execute("SELECT dq_ack(lock_token) FROM dq_poll('kept')")
+    conn.execute("SELECT dq_dead_letter(lock_token, 'why') FROM dq_poll('kept')")
+    conn.execute("SELECT dq__fold_history()")
+    conn.execute("SELECT dq_nack(lock_token, now() - interval '1 hour', NULL, 'err') FROM dq_poll('kept')")
+    token = consumer.execute("SELECT lock_token FROM dq_poll('kept', '10 minutes')").fetchone()
+    assert token is not None
+    conn.execute("SELECT dq_send('kept', '2', now() + interval '1 hour')")
+    conn.execute("SELECT dq_offer('kept', 'gone', '1'), dq_cancel('kept', 'gone')")
+    conn.execute("SELECT dq_pause('paused'), dq_offer('paused', 'p', '1')")
+    return token[0]
+
+
+@pytest.mark.parametrize("kind", ["extension", "plain"])
+def test_a_live_1_2_0_database_upgrades_with_everything_in_it(scratch: str, kind: str) -> None:
+    """Messages, leases, history records and tallies, retention, a paused
+    queue and channels survive the 1.2.0 -> 1.3.0 step, row for row, and work
+    as 1.3 says after it."""
+    with psycopg.connect(scratch, autocommit=True) as conn, psycopg.connect(scratch, autocommit=True) as consumer:
+        install_released(conn, kind, version="1.2.0")
+        token, keys = fill(conn, consumer)
+        channel_token = fill_channels(conn, consumer)
+        history_token = fill_history(conn, consumer)
+        tables = (*TABLES, "dq_groups", "dq_history", "dq_history_deltas", "dq_history_tallies")
+        before = snapshot(conn, tables)
+        assert [len(before[t]) for t in ("dq_history", "dq_history_deltas")] == [3, 1]
+        assert len(before["dq_history_tallies"]) > 0
+        since = datetime.now(UTC) - timedelta(hours=1)
+        stats = "SELECT * FROM dq_history_stats('kept', %s, '1 minute')"
+        stats_before = conn.execute(stats, (since,)).fetchall()
+        history = "SELECT * FROM dq_history('kept')"
+        history_before = conn.execute(history).fetchall()
+
+        upgrade_to_current(conn, kind, version="1.2.0")  # while the consumer holds its leases
+
+        assert snapshot(conn, tables) == before, "the upgrade changed no row"
+        assert conn.execute(history).fetchall() == history_before, "every record reads as before"
+        assert conn.execute(stats, (since,)).fetchall() == stats_before, "and every tally"
+        assert conn.execute("SELECT retain FROM dq_queues WHERE queue = 'kept'").fetchone() == (timedelta(days=7),)
+        assert conn.execute("SELECT * FROM dq_poll('paused')").fetchall() == [], "the paused queue stays paused"
+        assert conn.execute("SELECT dq_resume('paused')").fetchone() == (True,)
+        assert conn.execute("SELECT key FROM dq_poll('paused')").fetchall() == [("p",)]
+        assert consumer.execute("SELECT dq_dead_letter(%s, 'verdict', 'kept')", (history_token,)).fetchone() == (True,)
+        assert conn.execute("SELECT dq_finish('kept', 'd')").fetchone() == (True,)
+        assert conn.execute("SELECT key, outcome, last_error, headers FROM dq_history('kept', NULL, 2)").fetchall() == [
+            ("d", "acked", None, {"h": 1}),
+            ("c", "dead", "verdict", {"h": 1}),
+        ], "1.3: records go on, a dead one with its verdict, a finished one acked"
+        assert consumer.execute("SELECT dq_ack(%s, 'tenants')", (channel_token,)).fetchone() == (True,)
+        assert conn.execute("SELECT key FROM dq_poll_many('tenants', 10)").fetchall() == [("p2",)]
         check_live_queue(conn, consumer, token, keys, before["dq_messages"])
 
 

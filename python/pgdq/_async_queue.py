@@ -495,6 +495,11 @@ class AsyncQueue(_AsyncBase):
         """Delete the message of key, leased or not; True if there was one."""
         return bool(await self._value("cancel", (self.name, key), conn))
 
+    async def finish(self, key: str, *, conn: AsyncConnection[Any] | None = None) -> bool:
+        """Delete the message of key as done, leased or not, its history
+        record saying acked (dq_finish, 1.3); True if there was one."""
+        return bool(await self._value("finish", (self.name, key), conn))
+
     async def get(self, key: str, *, conn: AsyncConnection[Any] | None = None) -> MessageInfo | None:
         """The message of key without locking or changing it, or None."""
         rows = await self._rows("get", (self.name, key), conn)
@@ -615,8 +620,8 @@ class AsyncQueue(_AsyncBase):
     async def history_stats(
         self, since: datetime, bucket: st.Lease, *, conn: AsyncConnection[Any] | None = None
     ) -> list[HistoryBucket]:
-        """The queue's records per bucket (timedelta or seconds, 1 second to
-        1 day) from the bucket holding since to now, oldest first: outcomes,
+        """The queue's records per bucket (timedelta or seconds, whole seconds
+        from 1 second to 1 day) from the bucket holding since to now, oldest first: outcomes,
         lateness and run-time percentiles (dq_history_stats, 1.2)."""
         params = (self.name, st.aware(since, "since"), st.lease(bucket, "bucket"))
         return [HistoryBucket(*row[:8]) for row in await self._rows("history_stats", params, conn)]

@@ -72,6 +72,7 @@ _TEMPLATES: dict[str, str] = {
     "extend_in_queue": "SELECT {fn}(%s, %s, %s::text)",
     "dead_letter_in_queue": "SELECT {fn}(%s, %s::text, %s::text)",
     "cancel": "SELECT {fn}(%s, %s)",
+    "finish": "SELECT {fn}(%s, %s)",
     "get": "SELECT * FROM {fn}(%s, %s)",
     "cancel_id": "SELECT {fn}(%s, %s::bigint)",
     "get_id": "SELECT * FROM {fn}(%s, %s::bigint)",

@@ -484,6 +484,11 @@ class Queue(_Base):
         """Delete the message of key, leased or not; True if there was one."""
         return bool(self._value("cancel", (self.name, key), conn))
 
+    def finish(self, key: str, *, conn: Connection[Any] | None = None) -> bool:
+        """Delete the message of key as done, leased or not, its history
+        record saying acked (dq_finish, 1.3); True if there was one."""
+        return bool(self._value("finish", (self.name, key), conn))
+
     def get(self, key: str, *, conn: Connection[Any] | None = None) -> MessageInfo | None:
         """The message of key without locking or changing it, or None."""
         rows = self._rows("get", (self.name, key), conn)
@@ -604,8 +609,8 @@ class Queue(_Base):
     def history_stats(
         self, since: datetime, bucket: st.Lease, *, conn: Connection[Any] | None = None
     ) -> list[HistoryBucket]:
-        """The queue's records per bucket (timedelta or seconds, 1 second to
-        1 day) from the bucket holding since to now, oldest first: outcomes,
+        """The queue's records per bucket (timedelta or seconds, whole seconds
+        from 1 second to 1 day) from the bucket holding since to now, oldest first: outcomes,
         lateness and run-time percentiles (dq_history_stats, 1.2)."""
         params = (self.name, st.aware(since, "since"), st.lease(bucket, "bucket"))
         return [HistoryBucket(*row[:8]) for row in self._rows("history_stats", params, conn)]

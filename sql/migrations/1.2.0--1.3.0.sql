@@ -4,6 +4,10 @@
 -- changes is in CHANGELOG.md; tests/test_upgrade.py checks that 1.2.0 plus
 -- the step equals a fresh 1.3.0 install, object for object.
 
+-- History belongs to its queue: expiry takes the queues of the statement
+-- that recorded (57_history.sql); the old form expired every queue.
+DROP FUNCTION @extschema@.dq__expire_history(integer);
+
 -- @functions
 
 -- Warn when every role may create objects in pgdq's schema (docs/security.md).

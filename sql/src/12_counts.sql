@@ -143,6 +143,7 @@ DECLARE
     v_outcome text;
     v_now timestamptz;
     v_recorded bigint;
+    v_queues text[];
 BEGIN
     IF NOT @extschema@.dq__is_count_trigger(TG_RELID, TG_NAME::text, TG_LEVEL, TG_WHEN) THEN
         PERFORM @extschema@.dq__count_refuse(TG_RELID, TG_NAME::text);
@@ -166,8 +167,9 @@ BEGIN
     END IF;
 
     -- History (57_history.sql): the records, then their deltas, in one
-    -- statement that writes nothing for a queue without retention.
-    v_now := @extschema@.dq_now();
+    -- statement that writes nothing for a queue without retention; stamped
+    -- by the history clock (never ahead of the server's)
+    v_now := @extschema@.dq__history_now();
     WITH kept AS (
         INSERT INTO @extschema@.dq_history (
             queue, key, id, outcome, payload, state, channel, priority, created_at, scheduled_at,
@@ -194,21 +196,23 @@ BEGIN
         SELECT k.queue, 'r', @extschema@.dq__duration_bin(v_now - k.last_leased_at)
         FROM kept AS k
         WHERE v_outcome IN ('acked', 'dead') AND k.last_leased_at IS NOT NULL
+    ),
+    tallied AS (
+        INSERT INTO @extschema@.dq_history_deltas (queue, at, measure, bin, n)
+        SELECT m.queue, date_bin('1 second', v_now, 'epoch'), m.measure, m.bin, count(*)
+        FROM measured AS m
+        GROUP BY m.queue, m.measure, m.bin
     )
-    INSERT INTO @extschema@.dq_history_deltas (queue, at, measure, bin, n)
-    SELECT m.queue, date_bin('1 second', v_now, 'epoch'), m.measure, m.bin, count(*)
-    FROM measured AS m
-    GROUP BY m.queue, m.measure, m.bin;
-    GET DIAGNOSTICS v_recorded = ROW_COUNT;
+    SELECT count(*), array_agg(DISTINCT k.queue) INTO v_recorded, v_queues
+    FROM kept AS k;
     IF v_recorded > 0 AND current_setting('transaction_isolation') = 'read committed' THEN
         IF random() < 1.0 / 256 THEN
             PERFORM @extschema@.dq__fold_history();
         END IF;
-        IF random() < 1.0 / 64 THEN
-            -- twice, on average, what recording adds
-            PERFORM @extschema@.dq__expire_history(
-                least(greatest(128 * (SELECT count(*) FROM changed_rows), 1000), 100000)::integer
-            );
+        -- twice, on average, what recording adds, of these queues only, and
+        -- never more than max(1024, 2 n) records a statement
+        IF random() < v_recorded / 512.0 THEN
+            PERFORM @extschema@.dq__expire_history(v_queues, greatest(1024, 2 * v_recorded)::integer);
         END IF;
     END IF;
     RETURN NULL;

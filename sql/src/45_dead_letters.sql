@@ -104,12 +104,14 @@ BEGIN
     IF dq_dead_letter.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_dead_letter.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_dead_letter.queue);
     END IF;
-    SELECT m.id, m.queue, m.channel, m.due_at INTO v_message
-    FROM @extschema@.dq_messages AS m
+    -- lock it, with the verdict as its last error: what its history
+    -- record says (1.3), as its dead letter does
+    UPDATE @extschema@.dq_messages AS m
+    SET last_error = dq_dead_letter.error
     WHERE m.id = @extschema@.dq__token_id(dq_dead_letter.lock_token)
         AND m.lock_token = dq_dead_letter.lock_token
         AND (dq_dead_letter.queue IS NULL OR m.queue = dq_dead_letter.queue)
-    FOR UPDATE;
+    RETURNING m.id, m.queue, m.channel, m.due_at INTO v_message;
     IF NOT FOUND THEN
         RETURN FALSE;
     END IF;

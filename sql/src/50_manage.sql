@@ -7,13 +7,37 @@
 CREATE FUNCTION dq_cancel(queue text, key text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = 'cancelled'  -- what the history records (57_history.sql)
 AS $$
 BEGIN
-    PERFORM @extschema@.dq__check_queue(dq_cancel.queue);
-    PERFORM @extschema@.dq__check_key(dq_cancel.key, 'key');
-    RETURN @extschema@.dq__cancel(dq_cancel.queue, (
+    RETURN @extschema@.dq__cancel_key(dq_cancel.queue, dq_cancel.key);
+END
+$$;
+
+-- Delete one message as done, leased or not (1.3; its history record says
+-- 'acked', as an ack's does); true if one was deleted.
+CREATE FUNCTION dq_finish(queue text, key text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = 'acked'  -- what the history records (57_history.sql)
+AS $$
+BEGIN
+    RETURN @extschema@.dq__cancel_key(dq_finish.queue, dq_finish.key);
+END
+$$;
+
+-- Delete queue's message of key, leased or not, with the outcome the
+-- caller set (dq_cancel, dq_finish); true if one was deleted.
+CREATE FUNCTION dq__cancel_key(queue text, key text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq__cancel_key.queue);
+    PERFORM @extschema@.dq__check_key(dq__cancel_key.key, 'key');
+    RETURN @extschema@.dq__cancel(dq__cancel_key.queue, (
         SELECT m.id FROM @extschema@.dq_messages AS m
-        WHERE m.queue = dq_cancel.queue AND m.key = dq_cancel.key
+        WHERE m.queue = dq__cancel_key.queue AND m.key = dq__cancel_key.key
     ));
 END
 $$;
@@ -23,6 +47,7 @@ $$;
 CREATE FUNCTION dq_cancel_id(queue text, id bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = 'cancelled'  -- what the history records (57_history.sql)
 AS $$
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_cancel_id.queue);
@@ -31,12 +56,12 @@ BEGIN
 END
 $$;
 
--- Delete queue's message id (NULL: none), freeing the slot its lease held;
--- true if one was deleted. The one place that cancels.
+-- Delete queue's message id (NULL: none), freeing the slot its lease held,
+-- with the outcome its caller set (dq_cancel, dq_cancel_id: 'cancelled';
+-- dq_finish: 'acked'); true if one was deleted. The one place that cancels.
 CREATE FUNCTION dq__cancel(queue text, id bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-SET "dq.outcome" = 'cancelled'  -- what the history records (57_history.sql)
 AS $$
 #variable_conflict use_column
 DECLARE

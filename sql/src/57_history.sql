@@ -5,11 +5,21 @@
 -- Records are written by the trigger that counts deleted messages
 -- (12_counts.sql: dq__count_rows), from its transition table, when the
 -- deleting function names an outcome: dq_ack and dq_ack_many SET dq.outcome
--- = 'acked', dq__bury 'dead', dq__cancel 'cancelled', dq_purge 'purged'.
--- Other deletes (cron uninstalls, schedule removals, a redrive's
--- withdrawals, a user's DELETE) name none and leave no record. A queue
--- without retention costs that trigger one probe of dq_queues per deleting
--- statement and nothing else; no poll, offer or lease reads anything here.
+-- = 'acked', dq__bury 'dead', dq_cancel and dq_cancel_id 'cancelled', dq_purge
+-- 'purged', dq_finish 'acked' (1.3). Other deletes (cron uninstalls, schedule
+-- removals, a redrive's withdrawals, a user's DELETE) name none and leave no
+-- record. A queue without retention costs that trigger one probe of
+-- dq_queues per deleting statement and nothing else; no poll, offer or
+-- lease reads anything here.
+--
+-- History belongs to its queue (1.3). The trigger runs as pgdq's owner, so
+-- nothing a caller sets may reach beyond the messages the caller deleted:
+-- the records and tallies are stamped by the history clock
+-- (dq__history_now: the session's dq.now, never ahead of the server's), and
+-- a statement expires records only of the queues whose messages it deleted.
+-- A role that may DELETE from dq_messages may label its own deletes (SET
+-- dq.outcome) or leave them unrecorded, as docs/security.md says; records
+-- already written, and other queues', are out of its reach.
 --
 -- No row is ever updated, so no row is a hot spot: each recording statement
 -- appends its records and one delta row per (queue, second, measure, bin)
@@ -19,13 +29,16 @@
 -- those seconds and minutes that earlier folds left, skipping rows another
 -- folder holds (dq__fold_history). Readers sum tallies and deltas.
 --
--- Records expire without a process of the user's: one recording statement
--- in 64 deletes up to 128 times as many expired records as it wrote, oldest
--- first, and their tallies (dq__expire_history), skipping rows another
--- expiry holds. So expiry outpaces recording twofold on average, and with
--- the autovacuum settings below the space of expired rows is reused: under
--- steady traffic the table's size stays flat (bench/RESULTS.md measures
--- it). Readers never see a record older than the period, deleted or not.
+-- Records expire without a process of the user's: a statement that
+-- recorded n records expires, with probability n / 512, up to
+-- max(1024, 2 n) expired records of its own queues, oldest first, and as
+-- many of their tallies (dq__expire_history), skipping rows another expiry
+-- holds. So expiry outpaces recording twofold on average, no statement does
+-- more than a bounded multiple of its own work (about 5 ms for 1,024
+-- records), and with the autovacuum settings below the space of expired
+-- rows is reused: under steady traffic the table's size stays flat
+-- (bench/RESULTS.md measures it). Readers never see a record older than the
+-- period, deleted or not.
 
 CREATE TABLE dq_history (
     queue text COLLATE "C" NOT NULL,
@@ -203,42 +216,71 @@ AS $$
     SELECT pg_catalog.timestamptz_larger(now_at OPERATOR(pg_catalog.-) keep, coalesce(history_from, '-infinity'))
 $$;
 
--- Delete up to max_rows records (and as many tallies) older than their
--- queue's period, per queue, oldest first; rows another expiry holds are
--- left. Never waits.
-CREATE FUNCTION dq__expire_history(max_rows integer) RETURNS void
+-- The history's clock: the session's dq_now(), but never ahead of the
+-- server's. Records are stamped and expired by it, so a session's dq.now
+-- can pin it to the past (tests) but can neither date a record ahead of the
+-- server nor age out a record early.
+CREATE FUNCTION dq__history_now() RETURNS timestamptz
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT pg_catalog.timestamptz_smaller(@extschema@.dq_now(), pg_catalog.clock_timestamp())
+$$;
+
+-- Delete up to max_rows records older than their queue's period (and up to
+-- as many tallies), of queues only, oldest first, by the history clock;
+-- rows another expiry holds are left. Never waits.
+CREATE FUNCTION dq__expire_history(queues text[], max_rows integer) RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET jit = off
 AS $$
 DECLARE
-    v_now timestamptz := @extschema@.dq_now();
+    v_now timestamptz := @extschema@.dq__history_now();
     v_queue record;
+    v_left integer := max_rows;
+    v_tallies_left integer := max_rows;
+    v_deleted integer;
 BEGIN
     FOR v_queue IN
         SELECT q.queue, @extschema@.dq__history_cut(q.history_keep, q.history_from, v_now) AS cut
         FROM @extschema@.dq_queues AS q
-        WHERE q.history_keep IS NOT NULL
+        WHERE q.queue = ANY (dq__expire_history.queues) AND q.history_keep IS NOT NULL
         ORDER BY q.queue
     LOOP
+        EXIT WHEN v_left <= 0 AND v_tallies_left <= 0;
         DELETE FROM @extschema@.dq_history AS h
         WHERE h.ctid = ANY (ARRAY(
             SELECT o.ctid FROM @extschema@.dq_history AS o
             WHERE o.queue = v_queue.queue AND o.finished_at < v_queue.cut
             ORDER BY o.finished_at
-            LIMIT max_rows
+            LIMIT greatest(v_left, 0)
             FOR UPDATE SKIP LOCKED
         ));
+        GET DIAGNOSTICS v_deleted = ROW_COUNT;
+        v_left := v_left - v_deleted;
         DELETE FROM @extschema@.dq_history_tallies AS y
         WHERE y.ctid = ANY (ARRAY(
             SELECT o.ctid FROM @extschema@.dq_history_tallies AS o
             WHERE o.queue = v_queue.queue AND o.width IN (1, 60)
                 AND o.at < v_queue.cut - interval '1 minute'
-            LIMIT max_rows
+            LIMIT greatest(v_tallies_left, 0)
             FOR UPDATE SKIP LOCKED
         ));
+        GET DIAGNOSTICS v_deleted = ROW_COUNT;
+        v_tallies_left := v_tallies_left - v_deleted;
     END LOOP;
 END
+$$;
+
+-- Whether an interval has a negative part (months, days or time): a
+-- length such as '1 mon -29 days' that is no period.
+CREATE FUNCTION dq__has_negative_part(i interval) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT p.months < 0 OR p.days < 0
+        OR i - make_interval(months => p.months::integer, days => p.days::integer) < interval '0'
+    FROM (SELECT date_part('year', i) * 12 + date_part('month', i) AS months, date_part('day', i) AS days) AS p
 $$;
 
 -- Keep a record of each message of queue that leaves it from now on, for
@@ -250,10 +292,12 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := @extschema@.dq_now();
+    v_now timestamptz := @extschema@.dq__history_now();
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_retain.queue);
-    IF keep <= interval '0' OR keep > interval '3650 days' THEN
+    -- a period: no part negative ('1 mon -29 days' is 22023), the whole
+    -- longer than zero
+    IF keep <= interval '0' OR keep > interval '3650 days' OR @extschema@.dq__has_negative_part(keep) THEN
         RAISE EXCEPTION USING
             ERRCODE = '22023',
             MESSAGE = pg_catalog.format('pgdq: keep must be positive and at most 3650 days, or NULL, got %s', keep);
@@ -348,10 +392,12 @@ AS $$
     FROM position AS o
 $$;
 
--- queue's records counted per bucket of bucket (1 second to 1 day),
--- from the bucket holding since to now, oldest first: buckets with a
--- record only. From the minute tallies when bucket is whole minutes, the
--- second tallies when it is whole seconds, else from the records.
+-- queue's records counted per bucket of bucket (whole seconds, 1 second
+-- to 1 day), from the bucket holding since to now, oldest first: buckets
+-- with a record only. From the minute tallies when bucket is whole
+-- minutes, else from the second tallies: the work is bounded by the
+-- buckets, never by the records (1.3; a fraction of a second read the
+-- records).
 CREATE FUNCTION dq_history_stats(queue text, since timestamptz, bucket interval)
 RETURNS TABLE (
     bucket_at timestamptz,
@@ -390,6 +436,11 @@ BEGIN
             ERRCODE = '22023',
             MESSAGE = pg_catalog.format('pgdq: bucket must be from 1 second to 1 day, got %s', bucket);
     END IF;
+    IF v_seconds % 1 <> 0 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '22023',
+            MESSAGE = pg_catalog.format('pgdq: bucket must be whole seconds, got %s', bucket);
+    END IF;
     v_from := pg_catalog.date_bin(bucket, since, 'epoch');
     -- the buckets from the one holding since to the one holding now
     v_buckets := pg_catalog.floor(
@@ -410,24 +461,21 @@ BEGIN
     IF v_cut IS NULL THEN  -- the queue never kept history
         RETURN;
     END IF;
-    v_width := CASE
-        WHEN v_seconds % 60 = 0 THEN 60
-        WHEN v_seconds % 1 = 0 THEN 1
-    END;
+    v_width := CASE WHEN v_seconds % 60 = 0 THEN 60 ELSE 1 END;
     -- what has not aged out: whole tallies after the cut, the seconds
     -- between the cut and the first whole tally, and the records between
     -- the cut and the first whole second
     v_cut_second := pg_catalog.date_bin('1 second', v_cut - interval '1 microsecond', 'epoch') + interval '1 second';
     v_cut_width := pg_catalog.date_bin(
-        make_interval(secs => coalesce(v_width, 1)), v_cut - interval '1 microsecond', 'epoch'
-    ) + make_interval(secs => coalesce(v_width, 1));
+        make_interval(secs => v_width), v_cut - interval '1 microsecond', 'epoch'
+    ) + make_interval(secs => v_width);
 
     RETURN QUERY
     WITH counted AS (
         -- folded tallies of the period
         SELECT pg_catalog.date_bin(bucket, t.at, 'epoch') AS b, t.measure, t.bin, t.n
         FROM @extschema@.dq_history_tallies AS t
-        WHERE v_width IS NOT NULL AND t.queue = dq_history_stats.queue AND t.width = v_width
+        WHERE t.queue = dq_history_stats.queue AND t.width = v_width
             AND t.at >= v_from AND t.at >= v_cut_width
         UNION ALL
         -- the seconds before the first whole minute after the cut
@@ -439,11 +487,11 @@ BEGIN
         -- and the deltas not yet folded
         SELECT pg_catalog.date_bin(bucket, d.at, 'epoch'), d.measure, d.bin, d.n
         FROM @extschema@.dq_history_deltas AS d
-        WHERE v_width IS NOT NULL AND d.queue = dq_history_stats.queue AND d.at >= v_from
+        WHERE d.queue = dq_history_stats.queue AND d.at >= v_from
             AND d.at >= v_cut_second
         UNION ALL
-        -- the records themselves: for a bucket of a fraction of a second,
-        -- and between the cut and the first whole second after it
+        -- the records themselves between the cut and the first whole
+        -- second after it
         SELECT pg_catalog.date_bin(bucket, r.finished_at, 'epoch'), m.measure,
             CASE m.measure
                 WHEN 'l' THEN @extschema@.dq__duration_bin(r.lateness)
@@ -454,7 +502,7 @@ BEGIN
         FROM @extschema@.dq_history AS r
         CROSS JOIN LATERAL @extschema@.dq__history_measures(r.outcome, r.last_leased_at) AS m (measure)
         WHERE r.queue = dq_history_stats.queue AND r.finished_at >= v_from AND r.finished_at >= v_cut
-            AND (v_width IS NULL OR r.finished_at < v_cut_second)
+            AND r.finished_at < v_cut_second
     ),
     binned AS (
         SELECT c.b, c.measure, c.bin, sum(c.n)::bigint AS n

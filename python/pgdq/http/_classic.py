@@ -24,7 +24,7 @@ import psycopg
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, JsonValue, StrictInt, TypeAdapter, ValidationError
 
-from .. import AsyncDelivery
+from .. import AsyncDelivery, AsyncQueue
 from ..errors import PgdqError
 from ._access import CLASSIC_PATH, ApiError, authenticate, authorize
 from ._auth import Token
@@ -176,12 +176,17 @@ async def remove_job(request: Request, job_id: str, topic: str | None, scope: st
     lookup, and an id in a topic the caller may not touch is as absent as a missing one."""
     if topic is not None:
         authorize(request, scope, topic)
-        return await _queue(request, topic).cancel(job_id)
+        return await _remove(_queue(request, topic), job_id, scope)
     token = authenticate(request)
     if token is not None and not token.scopes & {scope, "admin"}:
         raise ApiError(403, f"token {token.name!r} has no {scope} scope")
     topic = await _topic_of(request, job_id, token, scope)
-    return topic is not None and await _queue(request, topic).cancel(job_id)
+    return topic is not None and await _remove(_queue(request, topic), job_id, scope)
+
+
+async def _remove(queue: AsyncQueue, job_id: str, scope: str) -> bool:
+    """Delete job_id from queue: a finish (consume scope) as done, recorded acked; a delete cancelled."""
+    return await (queue.finish(job_id) if scope == "consume" else queue.cancel(job_id))
 
 
 async def _topic_of(request: Request, job_id: str, token: Token | None, scope: str) -> str | None:

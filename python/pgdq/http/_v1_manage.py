@@ -175,7 +175,9 @@ async def history_stats(
     since: Annotated[
         Time | None, Query(description="RFC 3339: from the bucket holding it (default: an hour ago)")
     ] = None,
-    bucket: Annotated[float, Query(ge=1, le=86400, description="seconds (at most 10,000 buckets up to now)")] = 60,
+    bucket: Annotated[
+        float, Query(ge=1, le=86400, description="whole seconds (at most 10,000 buckets up to now)")
+    ] = 60,
 ) -> list[HistoryBucketOut]:
     """The queue's records per bucket, oldest first: outcomes, lateness and run-time percentiles (dq_history_stats)."""
     authorize(request, "consume", queue)
