@@ -347,6 +347,33 @@ def test_an_undecodable_payload_is_dead_lettered_alone(database: str, queue_name
     assert "Reminder needs a JSON object, got list" in errors[1]
 
 
+class JsonText:
+    """A codec storing the JSON text it is given as it is (to store what Python cannot read back)."""
+
+    def dumps(self, value: Any) -> str:
+        return str(value)
+
+    def load(self, value: Any) -> Any:
+        return value
+
+
+def test_json_python_cannot_read_is_dead_lettered_and_the_rest_handled(database: str, queue_name: str) -> None:
+    seen: list[Any] = []
+    worker = Worker(queue_name, lambda d: seen.append(d.payload), dsn=database, concurrency=8)
+    with Queue(queue_name, database) as q, Queue(queue_name, database, codec=JsonText()) as raw:
+        q.offer("a", 1)
+        raw.offer("huge", '{"n": 1e5000}')  # 5001 digits: more than Python's int() reads
+        q.offer_many([("b", 2), ("c", 3)])
+        with running(worker):  # one batch of four
+            wait_for(lambda: len(seen) == 3 and len(q.dead_letters()) == 1, "three handled, one dead letter")
+            wait_for(lambda: outstanding(q, "leased", "ready") == 0, "the acks")
+        (dead,) = q.dead_letters()
+        q.purge_dead_letters()
+    assert sorted(seen) == [1, 2, 3]
+    assert dead.key == "huge" and dead.attempts == 1, "dead-lettered at once, not retried"
+    assert "cannot read the payload of 'huge'" in (dead.error or "") and "4300 digits" in (dead.error or "")
+
+
 def test_a_pause_that_ends_before_the_worker_idles_is_not_waited_out(database: str, queue_name: str) -> None:
     """The fetch loop skips a queue whose failing poll is paused; when that
     pause ends before the loop goes idle, the idle wait ends at once and the

@@ -91,9 +91,7 @@ async def _handle(run: Running) -> Outcome:
     undecodable payload goes to the dead letters without a handler."""
     d = run.delivery
     if d.decode_error is not None:
-        return await _settle(
-            run, *_bury(run, d.decode_error, f"its payload cannot be decoded: {describe(d.decode_error)}")
-        )
+        return await _settle(run, *_bury(run, d.decode_error, f"it cannot be decoded: {describe(d.decode_error)}"))
     heartbeat = asyncio.create_task(_heartbeat(run))
     _current.set(run)
     settle: Settle
