@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import ROOT, owner
+from http_server import free_port
 from pgdq import AsyncDelivery, AsyncQueue, Message, Queue
 from pgdq._reconnect import RetryDelays
 from pgdq.worker import Backoff, Retry, Route, Worker, _Pause, handler, lease_lost, without_password
@@ -591,6 +592,33 @@ def test_a_second_signal_exits_at_once(tmp_path: Path, database: str, queue_name
         assert proc.wait(10) == 128 + signal.SIGTERM and time.monotonic() - started < 5
         info = q.get("w")
         assert info is not None and info.leased, "nothing was settled: the lease will bring it back"
+
+
+def test_one_sigterm_stops_a_worker_whose_database_is_unreachable(tmp_path: Path, queue_name: str) -> None:
+    """No DSN given, and nothing listens where the PG* variables point: the
+    start line says where it connects and why, each failure is logged once
+    (not by psycopg.pool too), and one SIGTERM stops it within seconds."""
+    (tmp_path / "handlers.py").write_text("def handler(d):\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG") and k not in ("DATABASE_URL", "PGDQ_DSN")}
+    env.update(PGHOST="127.0.0.1", PGPORT=str(free_port()), PYTHONPATH=str(tmp_path))
+    command = [sys.executable, "-m", "pgdq", "worker", "--queue", queue_name, "--handler", "handlers:handler"]
+    with (tmp_path / "log").open("w") as log:
+        proc = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=log)
+
+    def lines() -> str:
+        return (tmp_path / "log").read_text()
+
+    try:
+        wait_for(lambda: "failed (OperationalError" in lines(), "a failed connection, logged")
+        proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert proc.wait(20) == 0 and time.monotonic() - started < 8, "stopped within seconds"
+    finally:
+        proc.kill()  # no-op once it exited
+    start = next(line for line in lines().splitlines() if "pgdq worker starting" in line)
+    assert f"dsn host=127.0.0.1 port={env['PGPORT']} " in start and "(no DSN given:" in start and "PGPORT" in start
+    assert "psycopg.pool" not in lines(), "each failure logged once, by the worker"
+    assert "stopped cleanly" in lines().splitlines()[-1]
 
 
 def test_the_command_explains_what_it_cannot_do(tmp_path: Path, database: str, queue_name: str) -> None:
