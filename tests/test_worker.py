@@ -233,7 +233,9 @@ def test_route_and_handler_overrides(database: str, queue_name: str) -> None:
     assert tries == {"route": [1], "marked": [1, 2]}, "Route beats @handler beats the worker's default"
 
 
-def test_retry_chooses_time_and_checkpoint(database: str, queue_name: str) -> None:
+def test_retry_chooses_time_and_checkpoint(
+    database: str, queue_name: str, worker_log: pytest.LogCaptureFixture
+) -> None:
     states: list[Any] = []
 
     async def stepper(d: AsyncDelivery) -> None:
@@ -245,6 +247,9 @@ def test_retry_chooses_time_and_checkpoint(database: str, queue_name: str) -> No
         q.offer("s", 1)
         wait_for(lambda: len(states) == 2 and q.get("s") is None, "the second delivery and its ack")
     assert states == [None, {"step": 1}]
+    retried = [r for r in worker_log.records if r.name == "pgdq.worker.delivery" and "retry requested" in r.getMessage()]
+    assert [r.levelno for r in retried] == [logging.INFO], "a Retry is logged at INFO, as the README says"
+    assert f"{queue_name}/s: retry requested (attempt 1 of 10); next try at " in retried[0].getMessage()
 
 
 def test_a_retry_past_max_attempts_is_dead_lettered_saying_so(database: str, queue_name: str) -> None:
