@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from conftest import unsharded
+from conftest import JsonText, nested, unsharded
 from http_server import Server, free_port, make_tokens, serve, waiting_polls
 from pgdq import Queue
 from pgdq.http._metrics import HistoryMetrics, _Families
@@ -126,24 +126,6 @@ def test_the_dashboard_counts_one_dead_letter_as_one(api: httpx.Client, queue_na
     d.dead_letter("broke")
     page = api.get(f"/dashboard/queues/{queue_name}")
     assert page.status_code == 200 and f"Offer the dead letter of {queue_name} again?" in page.text, page.text
-
-
-class JsonText:
-    """A codec storing the JSON text it is given as it is (to store what Python cannot read back)."""
-
-    def dumps(self, value: Any) -> str:
-        return str(value)
-
-    def load(self, value: Any) -> Any:
-        return value
-
-
-def nested(levels: int) -> Any:
-    """A JSON value of arrays and objects nested levels deep."""
-    value: Any = 0
-    for _ in range(levels):
-        value = {"x": value}
-    return value
 
 
 def test_a_poll_dead_letters_what_it_cannot_answer_and_delivers_the_rest(

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from conftest import ROOT
+from conftest import ROOT, nested
 from http_server import Server, make_tokens, serve
 from pgdq import Client, Queue
 
@@ -65,14 +65,6 @@ def test_a_message_offered_otherwise_is_all_body(api: httpx.Client, queue_name: 
     q.offer("plain", {"not": "an envelope"})
     answer = command(api, command="pop", topic=queue_name)[1]
     assert (answer["id"], answer["value"]) == ("plain", {"not": "an envelope"})
-
-
-def nested(levels: int) -> Any:
-    """A JSON value of arrays and objects nested levels deep."""
-    value: Any = 0
-    for _ in range(levels):
-        value = {"x": value}
-    return value
 
 
 def test_a_body_too_deep_to_pop_is_refused_and_pops_go_on(api: httpx.Client, queue_name: str, q: Queue) -> None:

@@ -15,7 +15,7 @@ import pgdq
 import psycopg
 import pydantic
 import pytest
-from conftest import IN_YOUR_TRANSACTION, unsharded
+from conftest import IN_YOUR_TRANSACTION, JsonText, unsharded
 from pgdq import Client, Delivery, InvalidArgument, Message, NullArgument, OfferOutcome, Queue, QueueStats, StaleToken
 from pgdq.codec import UnreadableJson
 from pgdq.errors import PayloadDecodeError
@@ -328,17 +328,6 @@ def test_reads_survive_an_undecodable_payload(q: Queue, database: str) -> None:
         assert nightly.raw_payload == "text" and isinstance(nightly.decode_error, PayloadDecodeError)
     q.unschedule("nightly")
     q.purge_dead_letters()
-
-
-class JsonText:
-    """A codec storing the JSON text it is given as it is: how a payload
-    Python cannot read back gets stored (as any other client could)."""
-
-    def dumps(self, value: Any) -> str:
-        return str(value)
-
-    def load(self, value: Any) -> Any:
-        return value
 
 
 # jsonb keeps this number whole: 5001 digits, more than Python's int() reads (4300)

@@ -14,7 +14,7 @@ import pgdq
 import psycopg
 import pydantic
 import pytest
-from conftest import IN_YOUR_TRANSACTION, unsharded
+from conftest import IN_YOUR_TRANSACTION, JsonText, unsharded
 from pgdq import (
     AsyncClient,
     AsyncDelivery,
@@ -339,17 +339,6 @@ async def test_reads_survive_an_undecodable_payload(aq: AsyncQueue, database: st
         assert nightly.raw_payload == "text" and isinstance(nightly.decode_error, PayloadDecodeError)
     await aq.unschedule("nightly")
     await aq.purge_dead_letters()
-
-
-class JsonText:
-    """A codec storing the JSON text it is given as it is: how a payload
-    Python cannot read back gets stored (as any other client could)."""
-
-    def dumps(self, value: Any) -> str:
-        return str(value)
-
-    def load(self, value: Any) -> Any:
-        return value
 
 
 # jsonb keeps this number whole: 5001 digits, more than Python's int() reads (4300)

@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import ROOT, owner
+from conftest import ROOT, JsonText, owner
 from http_server import free_port
 from pgdq import AsyncDelivery, AsyncQueue, Message, Queue
 from pgdq._reconnect import RetryDelays
@@ -247,7 +247,9 @@ def test_retry_chooses_time_and_checkpoint(
         q.offer("s", 1)
         wait_for(lambda: len(states) == 2 and q.get("s") is None, "the second delivery and its ack")
     assert states == [None, {"step": 1}]
-    retried = [r for r in worker_log.records if r.name == "pgdq.worker.delivery" and "retry requested" in r.getMessage()]
+    retried = [
+        r for r in worker_log.records if r.name == "pgdq.worker.delivery" and "retry requested" in r.getMessage()
+    ]
     assert [r.levelno for r in retried] == [logging.INFO], "a Retry is logged at INFO, as the README says"
     assert f"{queue_name}/s: retry requested (attempt 1 of 10); next try at " in retried[0].getMessage()
 
@@ -351,16 +353,6 @@ def test_an_undecodable_payload_is_dead_lettered_alone(database: str, queue_name
     errors = [d.error or "" for d in dead]
     assert "PayloadDecodeError" in errors[0] and "unexpected keyword argument 'extra'" in errors[0]
     assert "Reminder needs a JSON object, got list" in errors[1]
-
-
-class JsonText:
-    """A codec storing the JSON text it is given as it is (to store what Python cannot read back)."""
-
-    def dumps(self, value: Any) -> str:
-        return str(value)
-
-    def load(self, value: Any) -> Any:
-        return value
 
 
 def test_json_python_cannot_read_is_dead_lettered_and_the_rest_handled(database: str, queue_name: str) -> None:
