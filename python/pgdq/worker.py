@@ -10,15 +10,20 @@ each in a thread of its own. Raising `Retry(at=..., state=...)` brings the messa
 at a chosen time with a checkpoint; any other exception retries it with the
 backoff policy, and after max_attempts moves it to the dead letters. A
 handler running past its timeout (none by default) is treated as a failure.
-A delivery whose payload cannot be decoded goes to the dead letters at once,
-with the decoding error. Errors of one queue's polls pause that queue (with
-backoff), not the worker.
+A delivery whose payload cannot be decoded (or whose payload, state or
+headers hold JSON Python cannot read) goes to the dead letters at once,
+with the decoding error; the rest of its batch is handled. Errors of one
+queue's polls pause that queue (with backoff), not the worker. One SIGTERM
+stops it within seconds whatever the database does (a call under way gets
+STOP_WAIT, then is cancelled).
 
 This module is the fetch loop and the start and stop; pgdq.retry holds the
 policy users configure, pgdq._delivery runs one delivery, pgdq._reconnect
 rides out a lost connection. It logs to "pgdq.worker" (start, stop, a line a
 minute while waiting, errors of the fetch loop) and "pgdq.worker.delivery"
-(retries, dead letters, timeouts, lost leases; each handled message at DEBUG).
+(retries, dead letters, timeouts, lost leases; each handled message at DEBUG);
+psycopg.pool's lines about the worker's own pool are dropped, as the worker
+logs each failed call itself.
 """
 
 from __future__ import annotations
