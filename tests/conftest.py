@@ -42,6 +42,24 @@ def examples(count: int) -> int:
     return max(20, round(count * EXAMPLES_SHARE))
 
 
+class JsonText:
+    """A codec storing the JSON text it is given as it is: JSON Python cannot read back, as another client may store."""
+
+    def dumps(self, value: Any) -> str:
+        return str(value)
+
+    def load(self, value: Any) -> Any:
+        return value
+
+
+def nested(levels: int) -> Any:
+    """A JSON value of arrays and objects nested levels deep."""
+    value: Any = 0
+    for _ in range(levels):
+        value = {"x": value}
+    return value
+
+
 def unsharded(why: str) -> pytest.MarkDecorator:
     """Skip a test when the suite runs through a router (PGDQ_TEST_SHARDS), saying why."""
     return pytest.mark.skipif(SHARDS > 0, reason=f"not through a PL/Proxy router: {why}")

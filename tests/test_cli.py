@@ -249,7 +249,10 @@ def test_pause_and_resume_say_whether_they_changed_anything(database: str, queue
 
 
 def test_retain_and_history(database: str, queue_name: str) -> None:
-    assert as_json(pgdq(database, "retain", "--json", queue_name, "90s")) == {"queue": queue_name, "keep": 90.0}
+    assert as_json(pgdq(database, "retain", "--json", "--new", queue_name, "90s")) == {
+        "queue": queue_name,
+        "keep": 90.0,
+    }
     said = pgdq(database, "retain", queue_name, "7d")
     assert said.exit_code == 0 and said.output == f"{queue_name}: records kept for 7d\n"
     with Queue(queue_name, database) as q:
@@ -288,6 +291,91 @@ def test_retain_and_history(database: str, queue_name: str) -> None:
         (d,) = q.poll_many(1)
         d.ack()
     assert len(as_json(pgdq(database, "history", "--json", queue_name))) == 3, "off: no new record, the old stay"
+
+
+# commands that read or act on a queue that exists: a typo is exit 4, naming it
+PER_QUEUE = [
+    ["pause"],
+    ["resume"],
+    ["retain", "{queue}", "7d"],
+    ["history"],
+    ["peek"],
+    ["purge", "{queue}", "--yes"],
+    ["stats"],
+    ["channels"],
+    ["dead-letters", "list"],
+    ["dead-letters", "redrive"],
+    ["dead-letters", "purge", "{queue}", "--yes"],
+    ["schedules", "list"],
+]
+
+
+@pytest.mark.parametrize("command", PER_QUEUE, ids=lambda c: " ".join(c[:2]))
+def test_a_queue_pgdq_does_not_know_is_exit_4_and_changes_nothing(
+    database: str, queue_name: str, command: list[str]
+) -> None:
+    args = [a.format(queue=queue_name) for a in command] if "{queue}" in command else [*command, queue_name]
+    refused = pgdq(database, *args)
+    assert refused.exit_code == 4, refused.output
+    assert f"no queue {queue_name!r}: pgdq knows no messages, dead letters, schedules" in refused.output
+    assert pgdq(database, "pause", queue_name).exit_code == 4, "still unknown: nothing was written"
+
+
+def test_a_queue_is_known_by_anything_it_has(database: str, queue_name: str) -> None:
+    with Queue(queue_name, database) as q:
+        q.configure(max_attempts=3)  # as every worker does: settings alone
+        assert pgdq(database, "history", queue_name).exit_code == 0
+    for what, make in {
+        "a dead letter": lambda q: q.poll_many(1)[0].dead_letter("x") if q.offer("k", 1) else None,
+        "a schedule": lambda q: q.schedule("s", "0 3 * * *"),
+        "a channel's limits": lambda q: q.set_channel("c", max_concurrency=1),
+    }.items():
+        with Queue(f"{queue_name}_{what[2:4]}", database) as q:
+            make(q)
+            assert pgdq(database, "peek", q.name).exit_code == 0, what
+
+
+def test_pause_new_shows_an_idle_paused_queue_in_stats(database: str, queue_name: str) -> None:
+    said = pgdq(database, "pause", "--new", queue_name)
+    assert said.exit_code == 0 and said.output == f"{queue_name}: paused\n"
+    rows = [line.split("\t") for line in pgdq(database, "stats").output.splitlines()]
+    assert [queue_name, "0", "0", "0", "", "", "paused"] in rows, "a paused queue with no messages is listed"
+    (row,) = [r for r in as_json(pgdq(database, "stats", "--json")) if r["queue"] == queue_name]
+    assert (row["ready"], row["paused"]) == (0, True)
+    assert pgdq(database, "resume", queue_name).exit_code == 0
+    assert queue_name not in pgdq(database, "stats").output, "resumed, with no messages: not listed"
+
+
+def test_history_says_when_it_is_off(database: str, queue_name: str) -> None:
+    with Queue(queue_name, database) as q:
+        q.offer("k", 1)
+    off = CliRunner().invoke(main, ["history", queue_name], env={"PGDQ_DSN": database})
+    assert off.exit_code == 0 and f"{queue_name}: history is off (`pgdq retain {queue_name} 7d`" in off.stderr
+    assert pgdq(database, "retain", queue_name, "1h").exit_code == 0
+    on = CliRunner().invoke(main, ["history", queue_name], env={"PGDQ_DSN": database})
+    assert on.exit_code == 0 and "history is off" not in on.stderr
+
+
+def test_stored_control_characters_are_escaped(database: str, queue_name: str) -> None:
+    title, clear = "\x1b]0;pwned\x07", "\x1b[2J"
+    with Queue(queue_name, database) as q:
+        q.offer(f"k{title}", clear)
+        (d,) = q.poll_many(1)
+        d.nack(error=f"boom{clear}\u202eevil")
+    piped = pgdq(database, "peek", queue_name).output
+    on_tty = on_terminal(database, "peek", queue_name, columns=200)
+    for output in (piped, on_tty):
+        assert "\x1b" not in output and "\x07" not in output and "\u202e" not in output, repr(output)
+        assert "\\u001b]0;pwned\\u0007" in output and "boom\\u001b[2J\\u202eevil" in output, repr(output)
+    assert "k\\u001b]0;pwned\\u0007\t" in piped, "into a pipe: escaped once, not the backslash again"
+    assert as_json(pgdq(database, "peek", "--json", queue_name))[0]["key"] == f"k{title}", "JSON escapes by itself"
+
+
+def test_schedules_take_five_or_six_fields_as_the_help_says(database: str, queue_name: str) -> None:
+    helped = pgdq(database, "schedules", "set", "--help").output
+    assert "five cron fields" in helped and "six with a leading seconds field" in helped
+    made = as_json(pgdq(database, "schedules", "set", "--json", queue_name, "s", "30 0 9 * * *"))
+    assert datetime.fromisoformat(made["next_at"]).second == 30
 
 
 @pytest.mark.parametrize(
@@ -393,7 +481,8 @@ def test_peek_cancel_and_purge(database: str, queue_name: str) -> None:
     asked = pgdq(database, "purge", queue_name, stdin="n\n")
     assert asked.exit_code == 1 and "Delete every message of" in asked.output
     assert as_json(pgdq(database, "purge", "--json", queue_name, stdin="y\n")) == {"purged": 2}
-    assert as_json(pgdq(database, "purge", "--yes", "--json", queue_name)) == {"purged": 0}
+    emptied = pgdq(database, "purge", "--yes", "--json", queue_name)
+    assert emptied.exit_code == 4 and "no queue" in emptied.output, "nothing left of it: nothing there to act on"
     with Queue(queue_name, database) as q:
         assert not q.ack(leased.lock_token)
 
@@ -443,7 +532,7 @@ def test_schedules(database: str, queue_name: str) -> None:
     assert as_json(pgdq(database, "schedules", "remove", "--json", queue_name, "nightly")) == {"removed": True}
     assert pgdq(database, "schedules", "remove", queue_name, "paris").output == "removed\n"
     assert pgdq(database, "schedules", "remove", queue_name, "paris").exit_code == 4
-    assert as_json(pgdq(database, "schedules", "list", "--json", queue_name)) == []
+    assert pgdq(database, "schedules", "list", "--json", queue_name).exit_code == 4, "nothing left of the queue"
 
 
 def test_poll_prints_whole_tokens_into_a_pipe(database: str, queue_name: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from conftest import unsharded
+from conftest import JsonText, nested, unsharded
 from http_server import Server, free_port, make_tokens, serve, waiting_polls
 from pgdq import Queue
 from pgdq.http._metrics import HistoryMetrics, _Families
@@ -126,6 +126,41 @@ def test_the_dashboard_counts_one_dead_letter_as_one(api: httpx.Client, queue_na
     d.dead_letter("broke")
     page = api.get(f"/dashboard/queues/{queue_name}")
     assert page.status_code == 200 and f"Offer the dead letter of {queue_name} again?" in page.text, page.text
+
+
+def test_a_poll_dead_letters_what_it_cannot_answer_and_delivers_the_rest(
+    api: httpx.Client, server: Server, queue_name: str, q: Queue, database: str
+) -> None:
+    q.offer("deep", nested(255))  # through Python: no limit; pydantic answers 254 levels at most
+    with Queue(queue_name, database, codec=JsonText()) as raw:
+        raw.offer("huge", '{"n": 1e5000}')  # 5001 digits: more than Python's int() reads
+    q.offer("fine", {"n": 1})
+    r = api.post(f"/v1/queues/{queue_name}/poll", json={"max": 10})
+    assert r.status_code == 200, r.text
+    assert [d["key"] for d in r.json()["deliveries"]] == ["fine"]
+    dead = api.get(f"/v1/queues/{queue_name}/dead-letters")
+    assert dead.status_code == 200, dead.text
+    errors = {d["key"]: d["error"] for d in dead.json()}
+    assert "more than 200 levels deep" in errors["deep"] and "4300 digits" in errors["huge"]
+    assert {d["key"]: d["payload"][:8] for d in dead.json()} == {"deep": '{"x": {"', "huge": '{"n": 10'}, "as text"
+    assert api.post(f"/v1/queues/{queue_name}/poll", json={"max": 10}).json() == {"deliveries": []}
+    for page in ("", "/messages", f"/messages/{next(iter(dead.json()))['id']}"):  # the dashboard lists them too
+        assert httpx.get(f"{server.url}/queues/{queue_name}{page}").status_code == 200, page
+    q.redrive()
+    assert api.get(f"/v1/queues/{queue_name}/messages/huge").json()["payload"].startswith('{"n": 1000')
+    r = api.get(f"/queues/{queue_name}/messages")
+    assert r.status_code == 200 and "10000000000" in r.text, "the dashboard lists it, as text"
+
+
+def test_an_offer_too_deep_to_hand_out_is_refused(api: httpx.Client, queue_name: str, q: Queue) -> None:
+    url = f"/v1/queues/{queue_name}/messages"
+    assert api.post(url, json={"key": "ok", "payload": nested(200)}).status_code == 200
+    r = api.post(url, json={"key": "deep", "payload": nested(201)})
+    assert r.status_code == 400 and "payload: " in r.json()["error"], r.text
+    assert "more than 200 levels deep" in r.json()["error"] and q.get("deep") is None
+    (d,) = api.post(f"/v1/queues/{queue_name}/poll", json={}).json()["deliveries"]
+    r = api.post(f"/v1/queues/{queue_name}/nack", json={"lock_token": d["lock_token"], "state": nested(201)})
+    assert r.status_code == 400 and "state: " in r.json()["error"], r.text
 
 
 def test_long_poll_wakes_on_an_offer_and_holds_no_connection(

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from conftest import ROOT
+from conftest import ROOT, nested
 from http_server import Server, make_tokens, serve
 from pgdq import Client, Queue
 
@@ -77,6 +77,19 @@ def test_a_message_offered_otherwise_is_all_body(api: httpx.Client, queue_name: 
     q.offer("plain", {"not": "an envelope"})
     answer = command(api, command="pop", topic=queue_name)[1]
     assert (answer["id"], answer["value"]) == ("plain", {"not": "an envelope"})
+
+
+def test_a_body_too_deep_to_pop_is_refused_and_pops_go_on(api: httpx.Client, queue_name: str, q: Queue) -> None:
+    assert command(api, command="add", topic=queue_name, id="ok", body=nested(199))[0] == 200
+    status, answer = command(api, command="add", topic=queue_name, id="deep", body=nested(254))
+    assert (status, answer["success"]) == (400, False) and "more than 199 levels deep" in answer["error"]
+    assert q.get("deep") is None, "nothing written"
+    q.offer("deeper", nested(255))  # offered otherwise: the pop dead-letters it, the others come out
+    status, answer = command(api, command="pop", topic=queue_name, count=10)
+    assert status == 200 and [j["id"] for j in answer["value"]] == ["ok"]
+    (dead,) = q.dead_letters()
+    assert dead.key == "deeper" and "more than 200 levels deep" in (dead.error or "")
+    q.purge_dead_letters()
 
 
 def test_ids_are_unique_across_topics(api: httpx.Client, queue_name: str, q: Queue, database: str) -> None:

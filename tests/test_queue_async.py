@@ -14,7 +14,7 @@ import pgdq
 import psycopg
 import pydantic
 import pytest
-from conftest import IN_YOUR_TRANSACTION, unsharded
+from conftest import IN_YOUR_TRANSACTION, JsonText, unsharded
 from pgdq import (
     AsyncClient,
     AsyncDelivery,
@@ -26,6 +26,7 @@ from pgdq import (
     QueueStats,
     StaleToken,
 )
+from pgdq.codec import UnreadableJson
 from pgdq.errors import PayloadDecodeError
 from psycopg_pool import AsyncConnectionPool
 
@@ -337,6 +338,42 @@ async def test_reads_survive_an_undecodable_payload(aq: AsyncQueue, database: st
         (nightly,) = await typed.schedules()
         assert nightly.raw_payload == "text" and isinstance(nightly.decode_error, PayloadDecodeError)
     await aq.unschedule("nightly")
+    await aq.purge_dead_letters()
+
+
+# jsonb keeps this number whole: 5001 digits, more than Python's int() reads (4300)
+HUGE = '{"n": 1e5000}'
+
+
+async def test_json_python_cannot_read_spoils_only_its_own_message(aq: AsyncQueue, database: str) -> None:
+    """A payload, state or headers Python's json cannot read comes back as
+    UnreadableJson with decode_error set: every read returns the rest."""
+    async with AsyncQueue(aq.name, database, codec=JsonText()) as raw:
+        await raw.offer("stateful", "1")
+        (first,) = await raw.poll_many(10)
+        assert await raw.nack(first.lock_token, None, HUGE), "state saved"
+        await raw.offer("huge", HUGE)
+    async with await psycopg.AsyncConnection.connect(database, autocommit=True) as c:
+        await c.execute("SELECT dq_offer(%s, 'headed', '2', NULL, true, NULL, 0, %s::jsonb)", (aq.name, HUGE))
+    await aq.offer("fine", {"a": 1})
+    peeked = {m.key: m for m in await aq.peek()}
+    assert set(peeked) == {"stateful", "huge", "headed", "fine"}, "peek reads them all"
+    assert isinstance(peeked["huge"].raw_payload, UnreadableJson) and peeked["huge"].raw_payload.startswith(
+        '{"n": 1000'
+    )
+    info = await aq.get("huge")
+    assert info is not None and isinstance(info.decode_error, PayloadDecodeError)
+    batch = {d.key: d for d in await aq.poll_many(10)}
+    assert set(batch) == {"stateful", "huge", "headed", "fine"}, "the whole batch comes back"
+    assert batch["fine"].payload == {"a": 1} and batch["fine"].decode_error is None
+    for key, part in (("stateful", "state"), ("huge", "payload"), ("headed", "headers")):
+        with pytest.raises(PayloadDecodeError, match=f"the {part} of '{key}'.*4300 digits") as caught:
+            _ = batch[key].payload
+        assert isinstance(caught.value.__cause__, ValueError)
+        await batch[key].dead_letter(str(batch[key].decode_error))
+    await batch["fine"].ack()
+    dead = {d.key: d for d in await aq.dead_letters()}
+    assert set(dead) == {"stateful", "huge", "headed"} and isinstance(dead["huge"].decode_error, PayloadDecodeError)
     await aq.purge_dead_letters()
 
 

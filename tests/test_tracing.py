@@ -177,3 +177,14 @@ def test_an_http_offer_carries_the_requests_traceparent(server: Server, database
         assert traced is not None and traced.headers == incoming
         assert untraced is not None and untraced.headers is None
         q.purge()
+
+
+def test_the_tracing_module_imports_no_queue_module() -> None:
+    """pgdq._tracing is imported by the queue modules: it imports none of them (no import cycle)."""
+    import ast
+
+    import pgdq._tracing
+
+    tree = ast.parse(Path(pgdq._tracing.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not any("queue" in m or "delivery" in m for m in imported), imported

@@ -23,7 +23,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import ROOT, owner
+from conftest import ROOT, JsonText, owner
+from http_server import free_port
 from pgdq import AsyncDelivery, AsyncQueue, Message, Queue
 from pgdq._reconnect import RetryDelays
 from pgdq.worker import Backoff, Retry, Route, Worker, _Pause, handler, lease_lost, without_password
@@ -232,7 +233,9 @@ def test_route_and_handler_overrides(database: str, queue_name: str) -> None:
     assert tries == {"route": [1], "marked": [1, 2]}, "Route beats @handler beats the worker's default"
 
 
-def test_retry_chooses_time_and_checkpoint(database: str, queue_name: str) -> None:
+def test_retry_chooses_time_and_checkpoint(
+    database: str, queue_name: str, worker_log: pytest.LogCaptureFixture
+) -> None:
     states: list[Any] = []
 
     async def stepper(d: AsyncDelivery) -> None:
@@ -244,6 +247,11 @@ def test_retry_chooses_time_and_checkpoint(database: str, queue_name: str) -> No
         q.offer("s", 1)
         wait_for(lambda: len(states) == 2 and q.get("s") is None, "the second delivery and its ack")
     assert states == [None, {"step": 1}]
+    retried = [
+        r for r in worker_log.records if r.name == "pgdq.worker.delivery" and "retry requested" in r.getMessage()
+    ]
+    assert [r.levelno for r in retried] == [logging.INFO], "a Retry is logged at INFO, as the README says"
+    assert f"{queue_name}/s: retry requested (attempt 1 of 10); next try at " in retried[0].getMessage()
 
 
 def test_a_retry_past_max_attempts_is_dead_lettered_saying_so(database: str, queue_name: str) -> None:
@@ -345,6 +353,23 @@ def test_an_undecodable_payload_is_dead_lettered_alone(database: str, queue_name
     errors = [d.error or "" for d in dead]
     assert "PayloadDecodeError" in errors[0] and "unexpected keyword argument 'extra'" in errors[0]
     assert "Reminder needs a JSON object, got list" in errors[1]
+
+
+def test_json_python_cannot_read_is_dead_lettered_and_the_rest_handled(database: str, queue_name: str) -> None:
+    seen: list[Any] = []
+    worker = Worker(queue_name, lambda d: seen.append(d.payload), dsn=database, concurrency=8)
+    with Queue(queue_name, database) as q, Queue(queue_name, database, codec=JsonText()) as raw:
+        q.offer("a", 1)
+        raw.offer("huge", '{"n": 1e5000}')  # 5001 digits: more than Python's int() reads
+        q.offer_many([("b", 2), ("c", 3)])
+        with running(worker):  # one batch of four
+            wait_for(lambda: len(seen) == 3 and len(q.dead_letters()) == 1, "three handled, one dead letter")
+            wait_for(lambda: outstanding(q, "leased", "ready") == 0, "the acks")
+        (dead,) = q.dead_letters()
+        q.purge_dead_letters()
+    assert sorted(seen) == [1, 2, 3]
+    assert dead.key == "huge" and dead.attempts == 1, "dead-lettered at once, not retried"
+    assert "cannot read the payload of 'huge'" in (dead.error or "") and "4300 digits" in (dead.error or "")
 
 
 def test_a_pause_that_ends_before_the_worker_idles_is_not_waited_out(database: str, queue_name: str) -> None:
@@ -564,6 +589,33 @@ def test_a_second_signal_exits_at_once(tmp_path: Path, database: str, queue_name
         assert proc.wait(10) == 128 + signal.SIGTERM and time.monotonic() - started < 5
         info = q.get("w")
         assert info is not None and info.leased, "nothing was settled: the lease will bring it back"
+
+
+def test_one_sigterm_stops_a_worker_whose_database_is_unreachable(tmp_path: Path, queue_name: str) -> None:
+    """No DSN given, and nothing listens where the PG* variables point: the
+    start line says where it connects and why, each failure is logged once
+    (not by psycopg.pool too), and one SIGTERM stops it within seconds."""
+    (tmp_path / "handlers.py").write_text("def handler(d):\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG") and k not in ("DATABASE_URL", "PGDQ_DSN")}
+    env.update(PGHOST="127.0.0.1", PGPORT=str(free_port()), PYTHONPATH=str(tmp_path))
+    command = [sys.executable, "-m", "pgdq", "worker", "--queue", queue_name, "--handler", "handlers:handler"]
+    with (tmp_path / "log").open("w") as log:
+        proc = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=log)
+
+    def lines() -> str:
+        return (tmp_path / "log").read_text()
+
+    try:
+        wait_for(lambda: "failed (OperationalError" in lines(), "a failed connection, logged")
+        proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert proc.wait(20) == 0 and time.monotonic() - started < 8, "stopped within seconds"
+    finally:
+        proc.kill()  # no-op once it exited
+    start = next(line for line in lines().splitlines() if "pgdq worker starting" in line)
+    assert f"dsn host=127.0.0.1 port={env['PGPORT']} " in start and "(no DSN given:" in start and "PGPORT" in start
+    assert "psycopg.pool" not in lines(), "each failure logged once, by the worker"
+    assert "stopped cleanly" in lines().splitlines()[-1]
 
 
 def test_the_command_explains_what_it_cannot_do(tmp_path: Path, database: str, queue_name: str) -> None:

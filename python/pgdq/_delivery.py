@@ -91,9 +91,7 @@ async def _handle(run: Running) -> Outcome:
     undecodable payload goes to the dead letters without a handler."""
     d = run.delivery
     if d.decode_error is not None:
-        return await _settle(
-            run, *_bury(run, d.decode_error, f"its payload cannot be decoded: {describe(d.decode_error)}")
-        )
+        return await _settle(run, *_bury(run, d.decode_error, f"it cannot be decoded: {describe(d.decode_error)}"))
     heartbeat = asyncio.create_task(_heartbeat(run))
     _current.set(run)
     settle: Settle
@@ -154,7 +152,10 @@ def _retry(run: Running, retry: Retry) -> tuple[Settle, Outcome]:
     at = run.policy.next_try(d.attempts, retry.at)
     if at is None:
         return _bury(run, f"Retry requested after {count(d.attempts, 'attempt')}", "Retry requested")
-    log.debug("%s: retry requested; next try at %s", named(d), at.isoformat(timespec="seconds"))
+    when = at.isoformat(timespec="seconds")
+    log.info(
+        "%s: retry requested (attempt %d of %d); next try at %s", named(d), d.attempts, run.policy.max_attempts, when
+    )
     return partial(run.queue.nack, d.lock_token, at, retry.state), "retried"
 
 

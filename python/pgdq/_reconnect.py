@@ -56,6 +56,12 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}{f' [{sqlstate}]' if sqlstate else ''}: {' '.join(str(error).split())}"
 
 
+def _cancelling() -> bool:
+    """True when the running task has been asked to cancel."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 async def retrying(
     what: str,
     call: Callable[[], Awaitable[T]],
@@ -66,12 +72,15 @@ async def retrying(
 ) -> T:
     """await call() until it returns; its answer. Each error of `errors` is
     logged (a transient one as a warning, others as errors) and the call made
-    again after delays.failed(); any other error propagates."""
+    again after delays.failed(); any other error propagates, and so does a
+    cancellation, even one the call turned into an error of its own."""
     delays = delays if delays is not None else RetryDelays()
     while True:
         try:
             answer = await call()
         except errors as e:
+            if _cancelling():
+                raise asyncio.CancelledError from e  # the call turned our cancellation into its error
             wait = delays.failed()
             level = logging.WARNING if is_transient(e) else logging.ERROR
             log.log(level, "%s failed (%s); trying again in %.1f s", what, describe(e), wait)

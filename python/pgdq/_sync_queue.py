@@ -19,7 +19,7 @@ from psycopg_pool import ConnectionPool
 
 from . import _statements as st
 from . import _tracing
-from .codec import Codec, JsonCodec, dumps_array
+from .codec import Codec, JsonCodec, UnreadableJson, dumps_array, tolerate_unreadable_json
 from .errors import PayloadDecodeError, StaleToken, translate
 from .model import (
     ChannelInfo,
@@ -48,9 +48,11 @@ class Delivery(DecodedPayload):
 
     payload is the payload as the queue's codec decodes it; raw_payload is
     the JSON value as stored. When the codec cannot decode it (a payload that
-    does not fit payload_type), the delivery still comes back, leased like
-    the rest of its batch: decode_error holds a PayloadDecodeError (the
-    codec's exception as its __cause__) and reading payload raises it.
+    does not fit payload_type), or Python cannot read its payload, state or
+    headers (UnreadableJson: e.g. a number of more than 4300 digits), the
+    delivery still comes back, leased like the rest of its batch:
+    decode_error holds a PayloadDecodeError (the cause as its __cause__) and
+    reading payload raises it.
     Dead-letter such a delivery (the Worker does), or ack or nack it.
     key is None for a keyless message (sent, not offered: 1.2); id names it.
     headers are the message's (1.2; None: none, or older SQL).
@@ -111,16 +113,28 @@ def message_name(key: str | None, id_: int | None) -> str:
     return repr(key) if key is not None else f"message {id_}"
 
 
-def _decoding(codec: Codec, payload: Any, queue: str, key: str | None, id_: int | None = None) -> dict[str, Any]:
+def _decoding(
+    codec: Codec, payload: Any, queue: str, key: str | None, id_: int | None = None, **parts: Any
+) -> dict[str, Any]:
     """The DecodedPayload fields of a payload: _decoded as codec decodes it,
     or decode_error, the PayloadDecodeError saying why not (naming the
-    message by key, or by id_ when it has none)."""
+    message by key, or by id_ when it has none): the payload, or one of
+    parts (e.g. state=, headers=), is UnreadableJson, or the codec failed."""
+    for part, value in {"payload": payload, **parts}.items():
+        if isinstance(value, UnreadableJson):
+            what = f"the {part} of {message_name(key, id_)} in queue {queue!r}"
+            return _undecoded(f"cannot read {what}: Python cannot read its JSON ({value.error})", value.error)
     try:
         return {"_decoded": codec.load(payload), "decode_error": None}
     except Exception as e:  # the codec is the caller's code: any error is this message's alone
-        error = PayloadDecodeError(f"cannot decode the payload of {message_name(key, id_)} in queue {queue!r}: {e!r}")
-        error.__cause__ = e
-        return {"_decoded": None, "decode_error": error}
+        return _undecoded(f"cannot decode the payload of {message_name(key, id_)} in queue {queue!r}: {e!r}", e)
+
+
+def _undecoded(message: str, cause: BaseException) -> dict[str, Any]:
+    """The DecodedPayload fields of an undecodable message: a PayloadDecodeError of message, caused by cause."""
+    error = PayloadDecodeError(message)
+    error.__cause__ = cause
+    return {"_decoded": None, "decode_error": error}
 
 
 def _dead_id(rest: list[Any]) -> int | None:
@@ -193,7 +207,9 @@ class _Base:
         """Run the method's one statement; its rows. Server errors become pgdq's."""
         with self._connection(conn) as c:
             try:
-                cur = c.execute(self._sql[method], params)
+                cur = c.cursor()
+                tolerate_unreadable_json(cur)  # one unreadable value fails its own message, never the read
+                cur.execute(self._sql[method], params)
                 return cur.fetchall()
             except psycopg.Error as e:
                 raise translate(e) from e
@@ -343,7 +359,7 @@ class Queue(_Base):
             level,
             self,
             headers,
-            **_decoding(self.codec, payload, queue, key, id_),
+            **_decoding(self.codec, payload, queue, key, id_, state=state, headers=headers),
         )
 
     # producing

@@ -22,7 +22,7 @@ import inspect
 import json
 import sys
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from ._version import VERSION
 
@@ -33,9 +33,26 @@ if TYPE_CHECKING:
     from opentelemetry.propagators.textmap import Getter
     from opentelemetry.trace import Span, Tracer
 
-    from ._async_queue import AsyncDelivery
-
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Delivered(Protocol):
+    """What a consumer span reads of a delivery (AsyncDelivery has it; named
+    here so that this module imports no queue module, which imports it)."""
+
+    @property
+    def queue(self) -> str: ...
+    @property
+    def key(self) -> str | None: ...
+    @property
+    def id(self) -> int: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def channel(self) -> str | None: ...
+    @property
+    def headers(self) -> dict[str, Any] | None: ...
+
 
 # messaging.system: the semantic conventions register no value for pgdq
 SYSTEM = "pgdq"
@@ -216,7 +233,7 @@ class Consuming:
             context.detach(self.token)
 
 
-def consuming(delivery: AsyncDelivery) -> Consuming | None:
+def consuming(delivery: Delivered) -> Consuming | None:
     """For a Worker handling delivery: its CONSUMER span "process <queue>", a
     child of (and linked to) the context its headers carry, made current for
     the handler; None when opentelemetry is not loaded, or when no provider is

@@ -2,6 +2,12 @@
 
 The default codec takes any JSON-serialisable value, dataclass instances and
 pydantic models; given a payload_type it decodes into that type.
+
+Before any codec, psycopg reads jsonb into Python values; a value Python's
+json module cannot read (a number of more than 4300 digits, nesting past the
+interpreter's recursion limit) comes back as UnreadableJson instead of
+failing the whole read (tolerate_unreadable_json), so one such message
+spoils only itself.
 """
 
 from __future__ import annotations
@@ -9,7 +15,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
+from functools import cache
 from typing import Any, Protocol
+
+from psycopg.abc import AdaptContext, Buffer
+from psycopg.adapt import Loader
+from psycopg.pq import Format
 
 from .errors import InvalidArgument
 
@@ -82,3 +93,43 @@ class JsonCodec:
                 raise TypeError(f"{target.__name__} needs a JSON object, got {type(value).__name__}")
             return target(**value)
         return value
+
+
+class UnreadableJson(str):
+    """A stored JSON value that Python's json module cannot read (a number of
+    more than 4300 digits, nesting past the recursion limit): its JSON text
+    as stored, a str; error is why it could not be read. pgdq's reads return
+    it in place of the value (raw_payload, state, headers), so that one such
+    value spoils its own message (its decode_error), never the read."""
+
+    error: BaseException
+
+    def __new__(cls, text: str, error: BaseException) -> UnreadableJson:
+        made = super().__new__(cls, text)
+        made.error = error
+        return made
+
+
+@cache
+def _tolerant(base: type[Loader]) -> type[Loader]:
+    """A subclass of the json/jsonb loader base whose load answers
+    UnreadableJson where base's load raises (user-set loads functions kept)."""
+
+    def load(self: Loader, data: Buffer) -> Any:
+        try:
+            return base.load(self, data)
+        except (ValueError, RecursionError) as e:  # json's errors, the int digits limit, bad UTF-8
+            return UnreadableJson(bytes(data).decode("utf-8", "replace"), e)
+
+    return type(f"Tolerant{base.__name__}", (base,), {"load": load, "tolerant": True})
+
+
+def tolerate_unreadable_json(context: AdaptContext) -> None:
+    """Make json and jsonb values read through context (a cursor: its own
+    adapters) that Python cannot read come back as UnreadableJson."""
+    adapters = context.adapters
+    for name in ("json", "jsonb"):
+        oid = adapters.types[name].oid
+        base = adapters.get_loader(oid, Format.TEXT)
+        if base is not None and not getattr(base, "tolerant", False):
+            adapters.register_loader(oid, _tolerant(base))

@@ -10,27 +10,34 @@ each in a thread of its own. Raising `Retry(at=..., state=...)` brings the messa
 at a chosen time with a checkpoint; any other exception retries it with the
 backoff policy, and after max_attempts moves it to the dead letters. A
 handler running past its timeout (none by default) is treated as a failure.
-A delivery whose payload cannot be decoded goes to the dead letters at once,
-with the decoding error. Errors of one queue's polls pause that queue (with
-backoff), not the worker.
+A delivery whose payload cannot be decoded (or whose payload, state or
+headers hold JSON Python cannot read) goes to the dead letters at once,
+with the decoding error; the rest of its batch is handled. Errors of one
+queue's polls pause that queue (with backoff), not the worker. One SIGTERM
+stops it within seconds whatever the database does (a call under way gets
+STOP_WAIT, then is cancelled).
 
 This module is the fetch loop and the start and stop; pgdq.retry holds the
 policy users configure, pgdq._delivery runs one delivery, pgdq._reconnect
 rides out a lost connection. It logs to "pgdq.worker" (start, stop, a line a
 minute while waiting, errors of the fetch loop) and "pgdq.worker.delivery"
-(retries, dead letters, timeouts, lost leases; each handled message at DEBUG).
+(retries, dead letters, timeouts, lost leases; each handled message at DEBUG);
+psycopg.pool's lines about the worker's own pool are dropped, as the worker
+logs each failed call itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
+import re
 import signal
 import time
 from collections import Counter
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -53,6 +60,20 @@ __all__ = ["Backoff", "Handler", "HandlerTimeout", "Retry", "Route", "Worker", "
 
 log = logging.getLogger("pgdq.worker")
 T = TypeVar("T")
+POOL_NAME = "pgdq-worker"
+# seconds a call under way at a stop (a poll, a hand-back) may still take
+STOP_WAIT = 2.0
+
+
+class _OwnPoolFailures(logging.Filter):
+    """Drops psycopg.pool's lines about the worker's own pool: the worker logs
+    each failed call itself, naming what failed, so a failure is logged once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.args, tuple) and POOL_NAME in record.args)
+
+
+logging.getLogger("psycopg.pool").addFilter(_OwnPoolFailures())
 
 
 @dataclass
@@ -153,17 +174,17 @@ class Worker:
             kwargs={"autocommit": True, **({} if self.prepared_statements else {"prepare_threshold": None})},
             check=AsyncConnectionPool.check_connection,
             open=False,
-            name="pgdq-worker",
+            name=POOL_NAME,
         )
         await pool.open(wait=False)
         queues = {name: AsyncQueue(name, pool, lease=r.lease, **self._queue_args) for name, r in self.routes.items()}
         listener = asyncio.create_task(self._listen())
         try:
-            await self._configure(queues)
-            await self._consume(queues)
+            await self._until_stopped(self._fetch(queues))
             await self._drain()
         finally:
             listener.cancel()
+            await asyncio.wait({listener}, timeout=STOP_WAIT)
             await pool.close()
             if handle_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
@@ -198,10 +219,31 @@ class Worker:
             queues,
             self.concurrency,
             self.schema or "(search_path)",
-            without_password(self.dsn) or "(PG* environment)",
+            dsn_in_words(self.dsn),
         )
 
     # --- fetching ------------------------------------------------------------
+
+    async def _fetch(self, queues: Mapping[str, AsyncQueue]) -> None:
+        """Configure the queues, then consume them until the stop."""
+        await self._configure(queues)
+        await self._consume(queues)
+
+    async def _until_stopped(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run work to its end; once a stop is asked for, give a call under way
+        STOP_WAIT to finish (a poll's leases are not left to run out), then
+        cancel it: a worker whose database is unreachable stops all the same."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                await asyncio.wait({task}, timeout=STOP_WAIT)
+        finally:
+            stop.cancel()
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     async def _configure(self, queues: Mapping[str, AsyncQueue]) -> None:
         """Store each queue's max_attempts, so polls dead-letter messages whose
@@ -382,10 +424,11 @@ class Worker:
 
 
 async def _hand_back(run: Running) -> bool:
-    """Nack a delivery due now, so another consumer takes it at once; False if that failed."""
+    """Nack a delivery due now, so another consumer takes it at once; False if
+    that failed or took longer than STOP_WAIT (the database is unreachable)."""
     try:
-        return await run.queue.nack(run.delivery.lock_token)
-    except DATABASE_ERRORS as e:
+        return await asyncio.wait_for(run.queue.nack(run.delivery.lock_token), STOP_WAIT)
+    except (*DATABASE_ERRORS, TimeoutError) as e:
         log.warning("handing back %s failed (%s)", named(run.delivery), describe(e))
         return False
 
@@ -398,6 +441,19 @@ def without_password(dsn: str) -> str:
     except psycopg.ProgrammingError:
         return "(malformed)"
     return make_conninfo("", **{k: v for k, v in params.items() if "password" not in k})
+
+
+def dsn_in_words(dsn: str) -> str:
+    """The DSN for the start line, without its password; an empty one as the
+    server libpq's defaults and the PG* variables set lead to."""
+    if dsn:
+        return without_password(dsn)
+    values = {o.keyword.decode(): (o.val or b"").decode() for o in psycopg.pq.Conninfo.get_defaults()}
+    named = sorted(v for v in os.environ if re.fullmatch(r"PG[A-Z]+", v) and v != "PGPASSWORD")
+    source = f"the variables {', '.join(named)}" if named else "no PG* variable set"
+    user = values.get("user") or "(the OS user)"
+    where = f"host={values.get('host') or '(the local socket)'} port={values.get('port')}"
+    return f"{where} dbname={values.get('dbname') or user} user={user} (no DSN given: libpq's defaults, {source})"
 
 
 def _settings(policy: Policy) -> str:

@@ -12,13 +12,14 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 import click
 import psycopg
+from psycopg import sql
 
 from .._script import check_schema
 from .._sync_queue import Client, Queue
@@ -221,30 +222,39 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+# Characters a terminal acts on (C0 but tab and newline, DEL, C1, and the
+# bidirectional overrides and isolates) as \\uXXXX escapes
+_CONTROLS = [*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_CONTROL_ESCAPES = {c: f"\\u{c:04x}" for c in _CONTROLS if chr(c) not in "\t\n"}
+_TERMINAL_ESCAPES = str.maketrans(_CONTROL_ESCAPES)
+_TSV_ESCAPES = str.maketrans(
+    {**_CONTROL_ESCAPES, **str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})}
+)
 # columns a table never narrows: what the next command takes whole
 _WHOLE = {"lock_token"}
 
 
 def _table(title: str, columns: list[str], rows: Iterable[list[Any]]) -> None:
     """Rows for a terminal as a table (lock tokens never cut, other cells
-    folded, never cut), or into a pipe as tab-separated lines."""
+    folded, never cut), or into a pipe as tab-separated lines; control
+    characters of stored text escaped (\\u001b), never written raw."""
     cells = [[_cell(v) for v in row] for row in rows]
     if not sys.stdout.isatty():
         for row in cells:
             click.echo("\t".join(c.translate(_TSV_ESCAPES) for c in row))
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=escape(title))
     for column in columns:
         if column in _WHOLE:
             table.add_column(column, no_wrap=True, min_width=36)
         else:
             table.add_column(column, overflow="fold")
     for row in cells:
-        table.add_row(*row)
+        table.add_row(*(escape(c.translate(_TERMINAL_ESCAPES)) for c in row))  # shown, never read as markup
     Console().print(table)
 
 
@@ -342,6 +352,75 @@ def _queue(dsn: str | None, schema: str, name: str) -> Iterator[Queue]:
     """The queue name on a fresh autocommit connection (see _database)."""
     with _database(dsn, schema) as conn:
         yield Queue(name, conn, schema=schema)
+
+
+@contextmanager
+def _known_queue(dsn: str | None, schema: str, name: str, new: bool = False) -> Iterator[Queue]:
+    """The queue name as _queue gives it, for a queue pgdq knows (see _known_queue_on)."""
+    with _known_queue_on(dsn, schema, name, new) as (_, q):
+        yield q
+
+
+@contextmanager
+def _known_queue_on(
+    dsn: str | None, schema: str, name: str, new: bool = False
+) -> Iterator[tuple[psycopg.Connection[Any], Queue]]:
+    """The connection (see _database) and the queue name on it. When pgdq
+    does not know the queue (see known) and new is false, the command's
+    work still runs, so that bad input is exit 2 whatever the queue, but in
+    a transaction rolled back; then exit 4 naming the queue: a typo changes
+    nothing and says so."""
+    with _database(dsn, schema) as conn:
+        q = Queue(name, conn, schema=schema)
+        if new or known(conn, schema, q):
+            yield conn, q
+            return
+        with conn.transaction(force_rollback=True):
+            yield conn, q
+        raise NothingThere(
+            f"no queue {name!r}: pgdq knows no messages, dead letters, schedules, channels or settings of it"
+        )
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """A queue's row of dq_queues: paused, and its retention (None: history off)."""
+
+    paused: bool
+    retain: timedelta | None
+
+
+_SETTINGS = "SELECT queue, paused_at IS NOT NULL, retain FROM {} WHERE %s::text IS NULL OR queue = %s::text"
+_READABLE = (
+    "SELECT r IS NOT NULL AND pg_catalog.has_table_privilege(r, 'SELECT')"
+    " FROM pg_catalog.to_regclass(pg_catalog.format('%%I.dq_queues', %s::text)) AS r"
+)
+
+
+def queue_settings(
+    conn: psycopg.Connection[Any], schema: str, queue: str | None = None
+) -> dict[str, QueueSettings] | None:
+    """Every queue's settings (queue's only, if given) by name, read from
+    dq_queues (no function lists them): a queue paused, configured by a
+    worker or keeping history has a row. None when they cannot be read (a
+    role without SELECT on it, a pgdq.shard router)."""
+    (readable,) = conn.execute(_READABLE, (schema,)).fetchone() or (False,)
+    if not readable:
+        return None
+    statement = sql.SQL(_SETTINGS).format(sql.Identifier(schema, "dq_queues"))
+    rows = conn.execute(statement, (queue, queue)).fetchall()
+    return {name: QueueSettings(paused, keep) for name, paused, keep in rows}
+
+
+def known(conn: psycopg.Connection[Any], schema: str, q: Queue) -> bool:
+    """True when pgdq knows the queue q: it has messages, dead letters,
+    schedules, channels (limits or messages) or settings (see queue_settings)."""
+    if queue_settings(conn, schema, q.name):
+        return True
+    counts = q.stats()
+    if counts.ready or counts.delayed or counts.leased or counts.paused:
+        return True
+    return bool(Client(conn, schema=schema).dead_stats(q.name) or q.schedules() or q.channels())
 
 
 @contextmanager

@@ -4,24 +4,31 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import click
 
+from .._sync_queue import Client, Queue
 from .._words import count as _count
-from ..model import ChannelInfo
+from ..model import ChannelInfo, QueueStats
 from ._base import (
+    QueueSettings,
     _cell,
     _client,
+    _database,
     _emit,
     _emit_done,
     _json_argument,
+    _known_queue,
+    _known_queue_on,
     _last_line,
     _queue,
     _table,
     _when,
     common_options,
     parse_span,
+    queue_settings,
 )
 
 # --- looking and managing --------------------------------------------------------------
@@ -39,7 +46,7 @@ def peek(dsn: str | None, schema: str, as_json: bool, queue: str, which: str | N
 
     A keyless message's key is empty (null with --json); the id, last, is
     what `pgdq cancel QUEUE --id ID` takes."""
-    with _queue(dsn, schema, queue) as q:
+    with _known_queue(dsn, schema, queue) as q:
         found = q.peek(which, limit)
     rows = [
         {
@@ -106,7 +113,7 @@ def _key_or_id(key: str | None, message_id: int | None, key_name: str, required:
 @click.option("--yes", is_flag=True, help="do not ask")
 def purge(dsn: str | None, schema: str, as_json: bool, queue: str, yes: bool) -> None:
     """Delete every message of QUEUE (leased ones too; its dead letters stay)."""
-    with _queue(dsn, schema, queue) as q:
+    with _known_queue(dsn, schema, queue) as q:
         if not yes:
             click.confirm(f"Delete every message of {queue}?", abort=True, err=True)
         count = q.purge()
@@ -118,12 +125,13 @@ def purge(dsn: str | None, schema: str, as_json: bool, queue: str, yes: bool) ->
 @click.argument("queue", required=False)
 def stats(dsn: str | None, schema: str, as_json: bool, queue: str | None) -> None:
     """Ready, delayed and leased counts per queue, and which are paused (of QUEUE, with its channels)."""
-    with _client(dsn, schema) as client:
-        found = client.stats(queue)
     channels = []
     if queue is not None:
-        with _queue(dsn, schema, queue) as q:
-            channels = q.channels()
+        with _known_queue(dsn, schema, queue) as q:
+            found, channels = [q.stats()], q.channels()
+    else:
+        with _database(dsn, schema) as conn:
+            found = _with_idle_paused(Client(conn, schema=schema).stats(), queue_settings(conn, schema))
     now = datetime.now(UTC)
 
     def age(at: datetime | None) -> str:
@@ -152,16 +160,30 @@ def stats(dsn: str | None, schema: str, as_json: bool, queue: str | None) -> Non
     _emit(found, as_json, human)  # --json keeps its shape: `pgdq channels QUEUE --json` has the channels
 
 
+def _with_idle_paused(found: list[QueueStats], settings: dict[str, QueueSettings] | None) -> list[QueueStats]:
+    """Every queue's stats with the paused queues that have no messages (dq_stats lists only queues with some)."""
+    listed = {r.queue for r in found}
+    idle = [QueueStats(name, 0, 0, 0, None, None, True) for name, s in (settings or {}).items() if s.paused]
+    return sorted(found + [r for r in idle if r.queue not in listed], key=lambda r: r.queue)
+
+
 # --- pausing --------------------------------------------------------------------------
+
+
+new_option = click.option(
+    "--new", is_flag=True, help="QUEUE may be one pgdq does not know yet (no messages, no settings)"
+)
 
 
 @click.command()
 @common_options
 @click.argument("queue")
-def pause(dsn: str | None, schema: str, as_json: bool, queue: str) -> None:
+@new_option
+def pause(dsn: str | None, schema: str, as_json: bool, queue: str, new: bool) -> None:
     """Pause QUEUE: polls lease none of its messages until `pgdq resume`
-    (offers, acks and the rest go on); says whether it was running."""
-    with _queue(dsn, schema, queue) as q:
+    (offers, acks and the rest go on); says whether it was running. A
+    queue pgdq does not know is an error (exit 4) unless --new."""
+    with _known_queue(dsn, schema, queue, new) as q:
         changed = q.pause()
     _emit_state(queue, True, changed, "paused", "already paused", as_json)
 
@@ -171,7 +193,7 @@ def pause(dsn: str | None, schema: str, as_json: bool, queue: str) -> None:
 @click.argument("queue")
 def resume(dsn: str | None, schema: str, as_json: bool, queue: str) -> None:
     """Resume QUEUE, waking its waiting consumers; says whether it was paused."""
-    with _queue(dsn, schema, queue) as q:
+    with _known_queue(dsn, schema, queue) as q:
         changed = q.resume()
     _emit_state(queue, False, changed, "resumed", "not paused", as_json)
 
@@ -192,12 +214,13 @@ def _emit_state(queue: str, paused: bool, changed: bool, done: str, already: str
 @common_options
 @click.argument("queue")
 @click.argument("keep", metavar="DURATION|off")
-def retain(dsn: str | None, schema: str, as_json: bool, queue: str, keep: str) -> None:
+@new_option
+def retain(dsn: str | None, schema: str, as_json: bool, queue: str, keep: str, new: bool) -> None:
     """Keep a record of each message that leaves QUEUE from now on, for
     DURATION (90s, 30m, 12h, 7d, 2w; at most 3650 days), or stop with off.
 
     Records already kept age out by the last DURATION set; `pgdq history`
-    lists them."""
+    lists them. A queue pgdq does not know is an error (exit 4) unless --new."""
     off = keep.strip().lower() == "off"
     period = None if off else parse_span(keep)
     if period is None and not off:
@@ -205,7 +228,7 @@ def retain(dsn: str | None, schema: str, as_json: bool, queue: str, keep: str) -
             f"{keep!r} is neither a duration (a number and s, m, h, d or w: 90s, 7d) nor off",
             param_hint="DURATION|off",
         )
-    with _queue(dsn, schema, queue) as q:
+    with _known_queue(dsn, schema, queue, new) as q:
         q.retain(period)
     said = f"records kept for {keep.strip()}" if period is not None else "history off (records kept age out)"
     _emit({"queue": queue, "keep": period}, as_json, lambda: click.echo(f"{queue}: {said}"))
@@ -220,15 +243,18 @@ def history(dsn: str | None, schema: str, as_json: bool, queue: str, key: str | 
     """Messages that left QUEUE (KEY's only, if given), newest first, with
     their outcome: acked, dead, cancelled or purged.
 
-    Only while `pgdq retain` keeps them; a keyless message's key is empty
-    (null with --json), its id last."""
-    with _queue(dsn, schema, queue) as q:
-        found = q.history(key, limit)
+    Only while `pgdq retain` keeps them (with history off, it says so on
+    stderr); a keyless message's key is empty (null with --json), its id last."""
+    with _known_queue_on(dsn, schema, queue) as (conn, q):
+        found, settings = q.history(key, limit), queue_settings(conn, schema, queue)
+    off = settings is not None and (queue not in settings or settings[queue].retain is None)
+    if off:
+        click.echo(f"{queue}: history is off (`pgdq retain {queue} 7d` turns it on; records kept age out)", err=True)
     _emit(
         found,
         as_json,
         lambda: _table(
-            f"{queue}: {_count(len(found), 'record')}",
+            f"{queue}: {_count(len(found), 'record')}{' (history is off)' if off else ''}",
             ["finished_at", "outcome", "key", "attempts", "last_error", "payload", "id"],
             [
                 [r.finished_at, r.outcome, r.key, r.attempts, _last_line(r.last_error), json.dumps(r.raw_payload), r.id]
@@ -256,7 +282,7 @@ def _channel_table(queue: str, found: list[ChannelInfo]) -> None:
 def channels(dsn: str | None, schema: str, as_json: bool, queue: str) -> None:
     """QUEUE's channels with messages or limits: limits, ready, delayed,
     leased, last lease (`pgdq channel set|remove` changes the limits)."""
-    with _queue(dsn, schema, queue) as q:
+    with _known_queue(dsn, schema, queue) as q:
         found = q.channels()
     _emit(found, as_json, lambda: _channel_table(queue, found))
 
@@ -293,15 +319,30 @@ def channels_set(
     )
 
 
-@channel.command("remove")
-@common_options
-@click.argument("queue")
-@click.argument("channel")
-def channels_remove(dsn: str | None, schema: str, as_json: bool, queue: str, channel: str) -> None:
-    """Drop the limits of CHANNEL of QUEUE (its messages stay); exit 4 if it had none."""
-    with _queue(dsn, schema, queue) as q:
-        done = q.remove_channel(channel)
-    _emit_done(done, "removed", f"channel {channel} of {queue} has no limits", as_json)
+def _remove_command(
+    group: click.Group, what: str, summary: str, remove: Callable[[Queue, str], bool], missing: str
+) -> None:
+    """Add `remove QUEUE WHAT` to group (its help: summary): remove(queue,
+    name), printing "removed", or when there was none missing (formatted
+    with name and queue) and exit 4."""
+
+    @group.command("remove", help=summary)
+    @common_options
+    @click.argument("queue")
+    @click.argument("name", metavar=what.upper())
+    def remove_one(dsn: str | None, schema: str, as_json: bool, queue: str, name: str) -> None:
+        with _queue(dsn, schema, queue) as q:
+            done = remove(q, name)
+        _emit_done(done, "removed", missing.format(name=name, queue=queue), as_json)
+
+
+_remove_command(
+    channel,
+    "channel",
+    "Drop the limits of CHANNEL of QUEUE (its messages stay); exit 4 if it had none.",
+    Queue.remove_channel,
+    "channel {name} of {queue} has no limits",
+)
 
 
 # --- dead letters ----------------------------------------------------------------------
@@ -319,7 +360,7 @@ def dead_letters() -> None:
 def dead_list(dsn: str | None, schema: str, as_json: bool, queue: str, max_count: int) -> None:
     """The oldest failures first; a keyless one's key is empty (null with
     --json), and its id (last) is what redrive and purge take with --id."""
-    with _queue(dsn, schema, queue) as q:
+    with _known_queue(dsn, schema, queue) as q:
         dead = q.dead_letters(max_count)
     _emit(
         dead,
@@ -345,7 +386,7 @@ def dead_redrive(
     --id, that one alone, and --json says the id of the message it became."""
     _key_or_id(key, dead_id, "--key", required=False)
     at = _when(at_text, None)
-    with _queue(dsn, schema, queue) as q:
+    with _known_queue(dsn, schema, queue) as q:
         if dead_id is None:
             count = q.redrive(key, at)
             _emit({"redriven": count}, as_json, lambda: click.echo(f"{count} re-offered"))
@@ -366,7 +407,7 @@ def dead_purge(
 ) -> None:
     """Delete the dead letters (--key's or --id's only, if given)."""
     _key_or_id(key, dead_id, "--key", required=False)
-    with _queue(dsn, schema, queue) as q:
+    with _known_queue(dsn, schema, queue) as q:
         if not yes:
             what = f"the dead letter {key}" if key else "every dead letter"
             what = what if dead_id is None else f"the dead letter of id {dead_id}"
@@ -388,9 +429,14 @@ def schedules() -> None:
 @common_options
 @click.argument("queue", required=False)
 def schedules_list(dsn: str | None, schema: str, as_json: bool, queue: str | None) -> None:
-    """Every schedule (or QUEUE's), with its next occurrence and last error."""
-    with _client(dsn, schema) as client:
-        found = client.schedules(queue)
+    """Every schedule (or QUEUE's: exit 4 for a queue pgdq does not know),
+    with its next occurrence and last error."""
+    if queue is None:
+        with _client(dsn, schema) as client:
+            found = client.schedules()
+    else:
+        with _known_queue(dsn, schema, queue) as q:
+            found = q.schedules()
     _emit(
         found,
         as_json,
@@ -421,8 +467,11 @@ def schedules_set(
     payload: str,
     max_missed: int,
 ) -> None:
-    """Create or replace the schedule NAME of QUEUE (EXPRESSION: five cron
-    fields, e.g. '0 9 * * mon-fri'); prints its next occurrence."""
+    """Create or replace the schedule NAME of QUEUE; prints its next occurrence.
+
+    EXPRESSION: five cron fields (minute, hour, day of month, month, day of
+    week: '0 9 * * mon-fri'), or six with a leading seconds field
+    ('30 0 9 * * mon-fri')."""
     value = _json_argument(payload, "--payload")
     with _queue(dsn, schema, queue) as q:
         next_at = q.schedule(name, expression, timezone, value, max_missed=max_missed)
@@ -433,12 +482,10 @@ def schedules_set(
     )
 
 
-@schedules.command("remove")
-@common_options
-@click.argument("queue")
-@click.argument("name")
-def schedules_remove(dsn: str | None, schema: str, as_json: bool, queue: str, name: str) -> None:
-    """Remove the schedule NAME of QUEUE and its pending occurrences; exit 4 if there was none."""
-    with _queue(dsn, schema, queue) as q:
-        done = q.unschedule(name)
-    _emit_done(done, "removed", f"no schedule {name} in {queue}", as_json)
+_remove_command(
+    schedules,
+    "schedule",
+    "Remove the schedule SCHEDULE of QUEUE and its pending occurrences; exit 4 if there was none.",
+    Queue.unschedule,
+    "no schedule {name} in {queue}",
+)

@@ -138,6 +138,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         log.error("database error: %s", e)
         return error_response(request.url.path, 500, "the database refused the request", getattr(e, "sqlstate", None))
 
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception) -> JSONResponse:
+        # anything else (the server re-raises it for its log, with the traceback): JSON all the same
+        return error_response(request.url.path, 500, f"internal error ({type(e).__name__}); the service's log has more")
+
 
 async def _configure_connection(statement_timeout: float, conn: psycopg.AsyncConnection[Any]) -> None:
     """A new pooled connection: its statement timeout set, infinite times read (see INFINITY)."""

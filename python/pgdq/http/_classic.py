@@ -22,13 +22,13 @@ from typing import Annotated, Any, Literal
 
 import psycopg
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field, JsonValue, StrictInt, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, JsonValue, StrictInt, TypeAdapter, ValidationError
 
 from .. import AsyncDelivery, AsyncQueue
 from ..errors import PgdqError
 from ._access import CLASSIC_PATH, ApiError, authenticate, authorize
 from ._auth import Token
-from ._models import MAX_BATCH, MAX_WAIT, Body, Key, Number, Seconds
+from ._models import MAX_BATCH, MAX_DEPTH, MAX_WAIT, Body, Key, Number, Seconds, shallow
 from ._v1 import _at, _client, _queue, poll_waiting
 
 log = logging.getLogger("pgdq.http")
@@ -38,6 +38,8 @@ MIN_TTR, MAX_TTR = 1, 86400  # seconds: a TTR shorter than a second or longer th
 Topic = Annotated[str, Field(min_length=1, max_length=100, description="the queue")]
 TtrSeconds = Annotated[Number, Field(ge=MIN_TTR, le=MAX_TTR, description="seconds a pop leases the job for")]
 _TTR = TypeAdapter(TtrSeconds)
+# a job's body: its envelope (one level more) is a payload the service can hand out again
+JobBody = Annotated[JsonValue, AfterValidator(lambda body: shallow(body, MAX_DEPTH - 1))]
 
 
 class Add(Body):
@@ -48,7 +50,7 @@ class Add(Body):
     id: Key
     delay: Seconds = 0
     TTR: TtrSeconds = DEFAULT_TTR
-    body: JsonValue = None
+    body: JobBody = None
 
 
 class Pop(Body):

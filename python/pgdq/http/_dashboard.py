@@ -40,6 +40,7 @@ from fastapi.templating import Jinja2Templates
 from psycopg import sql
 
 from .. import AsyncQueue
+from ..codec import UnreadableJson
 from ..model import DeadLetter, HistoryBucket, HistoryRecord, MessageInfo, PeekedMessage, QueueStats
 from ._access import TOKEN_COOKIE, ApiError, authorize, presented_token
 from ._auth import Token, find_token
@@ -206,7 +207,9 @@ def _period(span: timedelta | None) -> str:
 
 
 def _pretty(value: Any) -> str:
-    """A JSON value indented for a <pre>."""
+    """A JSON value indented for a <pre>; one Python could not read (UnreadableJson) as stored."""
+    if isinstance(value, UnreadableJson):
+        return str(value)
     return json.dumps(value, indent=2, ensure_ascii=False)
 
 

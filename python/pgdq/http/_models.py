@@ -33,6 +33,32 @@ Channel = Annotated[str, Field(min_length=1, max_length=100)]
 Priority = Annotated[StrictInt, Field(ge=-(2**31), le=2**31 - 1)]
 
 
+# Levels of arrays and objects a payload, state or body may nest: the
+# service's answers wrap them in 3 or 4 more, and pydantic answers at most 254.
+MAX_DEPTH = 200
+
+
+def too_deep(value: object, limit: int = MAX_DEPTH) -> bool:
+    """True when the JSON value nests arrays and objects more than limit levels deep."""
+    level = [value] if isinstance(value, dict | list) else []
+    for _ in range(limit):
+        level = [c for v in level for c in (v.values() if isinstance(v, dict) else v) if isinstance(c, dict | list)]
+        if not level:
+            return False
+    return bool(level)
+
+
+def shallow(value: JsonValue, limit: int = MAX_DEPTH) -> JsonValue:
+    """value, unless it nests more than limit levels (ValueError): what the service could not answer."""
+    if too_deep(value, limit):
+        raise ValueError(f"nests arrays and objects more than {limit} levels deep")
+    return value
+
+
+# A JSON value the service can hand out again: at most MAX_DEPTH levels deep
+Payload = Annotated[JsonValue, AfterValidator(shallow)]
+
+
 def _rfc3339(value: object) -> object:
     if not isinstance(value, str):
         raise ValueError("must be an RFC 3339 time (a string)")
@@ -72,7 +98,7 @@ class OfferIn(DueTime):
     """One message: due at `at`, or `delay` seconds from now, or now."""
 
     key: Key
-    payload: JsonValue
+    payload: Payload
     can_update: StrictBool = True
     channel: Channel | None = None
     priority: Priority = 0
@@ -136,7 +162,7 @@ class NackIn(Body):
     lock_token: UUID
     retry_at: Time | None = None
     retry_in: Seconds | None = None
-    state: JsonValue = None
+    state: Payload = None
     error: str | None = None
 
 
@@ -210,7 +236,7 @@ class ScheduleIn(Body):
 
     expression: str = Field(min_length=1, max_length=200, description="cron: 5 or 6 fields, or @hourly, @daily, …")
     timezone: str = Field("UTC", min_length=1, max_length=100)
-    payload: JsonValue = None
+    payload: Payload = None
     max_missed: StrictInt = Field(1, ge=1, le=100, description="occurrences one poll delivers when several are due")
 
 

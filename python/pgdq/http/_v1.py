@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, TypeVar
@@ -20,9 +22,11 @@ from starlette.routing import Match
 from starlette.types import Scope
 
 from .. import AsyncClient, AsyncDelivery, AsyncQueue
+from ..codec import UnreadableJson
 from ..model import Message, QueueStats
 from ._access import ApiError, authorize
 from ._models import (
+    MAX_DEPTH,
     AckIn,
     AckOut,
     DeliveryOut,
@@ -38,7 +42,10 @@ from ._models import (
     OfferOut,
     PollIn,
     PollOut,
+    too_deep,
 )
+
+log = logging.getLogger("pgdq.http")
 
 
 class SegmentRoute(APIRoute):
@@ -155,7 +162,7 @@ async def poll_waiting(
         with contextlib.ExitStack() as waiters:  # before the poll: no wake-up is lost
             woken = [waiters.enter_context(request.app.state.wakeups.waiter(name)) for name in names]
             for name in names:
-                deliveries = await _queue(request, name).poll_many(count, lease)
+                deliveries = await _answerable(await _queue(request, name).poll_many(count, lease))
                 if deliveries:
                     return deliveries
             left = deadline - asyncio.get_running_loop().time()
@@ -190,9 +197,51 @@ async def _disconnected(request: Request) -> bool:
             return True
 
 
+async def _answerable(deliveries: list[AsyncDelivery]) -> list[AsyncDelivery]:
+    """The deliveries the service can answer as JSON; each other one is
+    dead-lettered saying why (unanswerable), so it never blocks its batch."""
+    kept = []
+    for d in deliveries:
+        why = unanswerable(d)
+        if why is None:
+            kept.append(d)
+            continue
+        log.warning("message %s of queue %r dead-lettered: %s", d.key if d.key is not None else d.id, d.queue, why)
+        await d.source.dead_letter(d.lock_token, f"pgdq serve could not hand it out: {why}")
+    return kept
+
+
+_JSON_FIELDS = {"payload": "raw_payload", "state": "state", "headers": "headers"}
+
+
+def unanswerable(found: Any) -> str | None:
+    """Why the service cannot answer a message's payload, state or headers as
+    JSON (JSON Python cannot read, or nested past MAX_DEPTH); None if it can."""
+    for name, attribute in _JSON_FIELDS.items():
+        value = getattr(found, attribute, None)
+        if isinstance(value, UnreadableJson):
+            return f"its {name} is JSON Python cannot read ({value.error})"
+        if too_deep(value):
+            return f"its {name} nests arrays and objects more than {MAX_DEPTH} levels deep"
+    return None
+
+
+def _answerable_value(name: str, value: Any) -> Any:
+    """A JSON field's value as answered: as it is or, when the service could
+    not answer it as JSON (see unanswerable), its JSON text (a string;
+    headers, an object or null: null)."""
+    if not isinstance(value, UnreadableJson) and not too_deep(value):
+        return value
+    if name == "headers":
+        return None
+    return str(value) if isinstance(value, UnreadableJson) else json.dumps(value)
+
+
 def _wire(model: type[W], found: Any) -> W:
-    """model from the same-named fields of a result (payload: its raw JSON, as stored)."""
-    return model(**{f: getattr(found, "raw_payload" if f == "payload" else f) for f in model.model_fields})
+    """model from the same-named fields of a result (payload: its raw JSON, as
+    stored; a JSON field the service cannot answer as JSON: its JSON text)."""
+    fields = {f: getattr(found, _JSON_FIELDS.get(f, f)) for f in model.model_fields}
+    return model(**{f: _answerable_value(f, v) if f in _JSON_FIELDS else v for f, v in fields.items()})
 
 
 @router.post("/queues/{queue}/ack", response_model=AckOut, tags=["consume"])
