@@ -282,7 +282,7 @@ def test_retain_and_history(database: str, queue_name: str) -> None:
     assert [(r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows] == [
         ("cancelled", "", "1", "", "3", str(sent)),
         ("acked", "a", "2", "ValueError: first try", '{"n": 1}', str(a["id"])),
-        ("dead", "b", "1", "", "2", str(records[2]["id"])),
+        ("dead", "b", "1", "broke", "2", str(records[2]["id"])),  # 1.3: the dead letter's verdict
     ], "finished_at, outcome, key, attempts, last error's last line, payload, id"
     assert rows[1][0] == a["finished_at"][:19] + "Z"
     assert as_json(pgdq(database, "retain", "--json", queue_name, "off")) == {"queue": queue_name, "keep": None}
