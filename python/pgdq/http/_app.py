@@ -33,7 +33,7 @@ from ._docs import router as docs_router
 from ._guard import BrowserGuard
 from ._metrics import HistoryMetrics, RequestMetrics
 from ._metrics import router as metrics_router
-from ._middleware import BodyLimit, CancelOnDisconnect
+from ._middleware import BodyLimit, CancelOnDisconnect, HeadLimit, JsonOnFailure
 from ._trace_context import TraceContext
 from ._v1 import EndlessTimestamptzLoader, router
 from ._v1_manage import router as manage_router
@@ -203,10 +203,14 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(metrics_router)
     app.state.request_metrics = RequestMetrics()
     app.state.history_metrics = HistoryMetrics()
-    app.add_middleware(TraceContext)  # innermost: a request's traceparent, carried on by its offers
+    app.add_middleware(JsonOnFailure)  # innermost: what no handler answered is JSON 500 all the same
+    app.add_middleware(
+        TraceContext
+    )  # a request's traceparent, carried on by its offers: a request's traceparent, carried on by its offers
     app.add_middleware(CancelOnDisconnect)
     app.add_middleware(app.state.request_metrics.middleware)
     app.add_middleware(BodyLimit, max_body=settings.max_body)
+    app.add_middleware(HeadLimit)
     # outermost: without tokens every Host is checked (DNS rebinding); with them, only if hosts are named
     check_host = settings.tokens is None or bool(settings.allowed_hosts)
     app.add_middleware(BrowserGuard, check_host=check_host, allowed_hosts=settings.allowed_hosts)
