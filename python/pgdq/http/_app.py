@@ -13,9 +13,8 @@ from functools import partial
 from typing import Any
 
 import psycopg
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from starlette.exceptions import HTTPException
@@ -23,13 +22,14 @@ from starlette.requests import ClientDisconnect
 
 from .._version import VERSION
 from ..errors import InvalidArgument, PgdqError
-from ._access import ApiError, error_response
+from ._access import ApiError
 from ._auth import Token
 from ._classic import router as classic_router
 from ._dashboard import HERE
 from ._dashboard import router as dashboard_router
 from ._delay_queue import router as delay_queue_router
 from ._docs import router as docs_router
+from ._error_pages import failure
 from ._guard import BrowserGuard
 from ._metrics import HistoryMetrics, RequestMetrics
 from ._metrics import router as metrics_router
@@ -85,58 +85,57 @@ def _json_error(body: str, error: Any) -> str:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    """Every failure as {"error": ...}: 400 bad input, 503 database down, never a bare 500."""
+    """Every failure as {"error": ...} (a dashboard page's as an HTML page, _error_pages): 400 bad
+    input, 503 database down, never a bare 500."""
 
     @app.exception_handler(ApiError)
-    async def api_error(request: Request, e: ApiError) -> JSONResponse:
-        return error_response(request.url.path, e.status, e.message, headers=e.headers)
+    async def api_error(request: Request, e: ApiError) -> Response:
+        return failure(request, e.status, e.message, headers=e.headers)
 
     @app.exception_handler(HTTPException)
-    async def framework_error(request: Request, e: HTTPException) -> JSONResponse:
+    async def framework_error(request: Request, e: HTTPException) -> Response:
         # the framework's own answers: no such route (404), a wrong method (405), an unreadable body (400)
-        return error_response(request.url.path, e.status_code, str(e.detail), headers=e.headers)
+        return failure(request, e.status_code, str(e.detail), headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_body(request: Request, e: RequestValidationError) -> JSONResponse:
-        return error_response(request.url.path, 400, _validation_message(e, request.headers.get("content-type")))
+    async def invalid_body(request: Request, e: RequestValidationError) -> Response:
+        return failure(request, 400, _validation_message(e, request.headers.get("content-type")))
 
     @app.exception_handler(InvalidArgument)
-    async def invalid_argument(request: Request, e: InvalidArgument) -> JSONResponse:
-        return error_response(request.url.path, 400, str(e), e.sqlstate)
+    async def invalid_argument(request: Request, e: InvalidArgument) -> Response:
+        return failure(request, 400, str(e), e.sqlstate)
 
     @app.exception_handler(psycopg.DataError)
-    async def invalid_data(request: Request, e: psycopg.DataError) -> JSONResponse:
+    async def invalid_data(request: Request, e: psycopg.DataError) -> Response:
         # SQLSTATE class 22 from PostgreSQL itself, e.g. a NUL character in a text or a JSON string
-        return error_response(request.url.path, 400, e.diag.message_primary or str(e), e.sqlstate)
+        return failure(request, 400, e.diag.message_primary or str(e), e.sqlstate)
 
     @app.exception_handler(ClientDisconnect)
-    async def client_gone(request: Request, e: ClientDisconnect) -> JSONResponse:
+    async def client_gone(request: Request, e: ClientDisconnect) -> Response:
         # the body stopped: the client left, or BodyLimit answered 413 already (this answer goes nowhere)
-        return error_response(request.url.path, 400, "the client disconnected")
+        return failure(request, 400, "the client disconnected")
 
     @app.exception_handler(psycopg.errors.QueryCanceled)
-    async def statement_timeout(request: Request, e: psycopg.errors.QueryCanceled) -> JSONResponse:
+    async def statement_timeout(request: Request, e: psycopg.errors.QueryCanceled) -> Response:
         # a statement over the statement timeout, or cancelled on the server (a client that left gets no answer)
         limit = request.app.state.settings.statement_timeout
         log.warning("statement cancelled: %s", e)
         message = "the statement was cancelled"
         if limit:
             message = f"the statement ran over the statement timeout ({limit:g} s)"
-        return error_response(request.url.path, 503, message, e.sqlstate, headers={"Retry-After": "5"})
+        return failure(request, 503, message, e.sqlstate, headers={"Retry-After": "5"})
 
     @app.exception_handler(PoolTimeout)
     @app.exception_handler(psycopg.OperationalError)
-    async def database_down(request: Request, e: Exception) -> JSONResponse:
+    async def database_down(request: Request, e: Exception) -> Response:
         log.warning("database unavailable: %s", e)
-        return error_response(
-            request.url.path, 503, "the database is unavailable; try again", headers={"Retry-After": "5"}
-        )
+        return failure(request, 503, "the database is unavailable; try again", headers={"Retry-After": "5"})
 
     @app.exception_handler(PgdqError)
     @app.exception_handler(psycopg.Error)
-    async def database_error(request: Request, e: Exception) -> JSONResponse:
+    async def database_error(request: Request, e: Exception) -> Response:
         log.error("database error: %s", e)
-        return error_response(request.url.path, 500, "the database refused the request", getattr(e, "sqlstate", None))
+        return failure(request, 500, "the database refused the request", getattr(e, "sqlstate", None))
 
 
 async def _configure_connection(statement_timeout: float, conn: psycopg.AsyncConnection[Any]) -> None:

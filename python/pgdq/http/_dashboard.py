@@ -443,8 +443,38 @@ async def queue_page(request: Request, queue: QueueName) -> Response:
     """One queue: counts, pause, history, the next 24 hours, channels, schedules, dead letters."""
     if _needs_login(request):
         return RedirectResponse("/login", status_code=303)
-    authorize(request, "consume", queue)
-    return _page(request, "queue.html", await _summary_context(request, queue))
+    _readable(request, queue)
+    context = await _summary_context(request, queue)
+    if not _exists(context):
+        raise _no_such_queue()
+    return _page(request, "queue.html", context)
+
+
+def _no_such_queue() -> ApiError:
+    """The 404 of a queue that does not exist, and of one the caller may not read (so as not to tell them apart)."""
+    # the queue is not named: the answer for one the caller may not read must be the same, whatever it is called
+    return ApiError(
+        404, "No such queue: none of that name has messages, dead letters, schedules, channels or settings."
+    )
+
+
+def _readable(request: Request, queue: str) -> None:
+    """Refuse a page of queue as _no_such_queue (401 as ever) unless the caller may read it."""
+    try:
+        authorize(request, "consume", queue)
+    except ApiError as e:
+        if e.status != 403:
+            raise
+        raise _no_such_queue() from None
+
+
+def _exists(summary: dict[str, Any]) -> bool:
+    """True if a queue's summary (_summary_context) shows it exists: messages, a setting
+    (paused, history), channels, schedules or dead letters."""
+    stats, retention = summary["stats"], summary["retention"]
+    settings = stats.paused or retention.keep is not None or retention.kept is not None
+    held = stats.ready or stats.delayed or stats.leased or summary["dead_letters"]
+    return bool(held or settings or summary["channels"] or summary["schedules"])
 
 
 @router.get("/dashboard/queues/{queue}", response_class=HTMLResponse)

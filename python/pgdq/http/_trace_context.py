@@ -16,7 +16,6 @@ from typing import Any
 
 from .. import _tracing
 
-
 # the headers of W3C Trace Context: what a request's trace context is read from (baggage is not)
 TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
 
