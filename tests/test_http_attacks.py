@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from http_server import Server, make_tokens, serve, waiting_polls
+from http_server import Server, make_tokens, serve, sign_in, waiting_polls
 from pgdq import Queue
 from waiting import wait_for
 
@@ -151,7 +151,7 @@ def test_every_route_refuses_alike_whether_its_queue_exists(
         "no token": {},
         "expired": {"headers": {"authorization": f"Bearer {secrets['expired']}"}},
         "other queue": {"headers": {"authorization": f"Bearer {secrets['other']}"}},
-        "other queue, cookie": {"headers": same_page, "cookies": {"pgdq_token": secrets["other"]}},
+        "other queue, cookie": {"headers": same_page, "cookies": {"pgdq_token": sign_in(s.url, secrets["other"])}},
     }
     routes = _routes(s.url, str(leased.lock_token))
     assert len(routes) >= 22, routes
@@ -244,7 +244,7 @@ def test_answers_with_queue_data_are_not_stored(guarded: tuple[Server, dict[str,
     on a shared computer) or a proxy: Cache-Control: no-store. The
     dashboard's static files may be kept."""
     s, secrets = guarded
-    cookie = {"pgdq_token": secrets["admin"]}
+    cookie = {"pgdq_token": sign_in(s.url, secrets["admin"])}
     bearer = {"authorization": f"Bearer {secrets['admin']}"}
     answers = [
         httpx.get(f"{s.url}/", cookies=cookie),

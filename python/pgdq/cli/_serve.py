@@ -97,11 +97,14 @@ def serve(
     parser: str,
 ) -> None:
     """Serve the queues over HTTP until SIGINT / SIGTERM: the dashboard at /, the JSON API under /v1
-    (OpenAPI at /openapi.json), Prometheus metrics at /metrics. Without --tokens it listens on loopback only."""
+    (OpenAPI at /openapi.json), Prometheus metrics at /metrics. Without --tokens it listens on loopback only.
+    PGDQ_SESSION_KEY (32 bytes or more): the key the dashboard's sign-ins are signed with, the same for
+    every server behind one address (without it, a random key: a restart signs everyone out)."""
     try:
         import uvicorn
 
         from ..http import Settings, create_app, load_tokens
+        from ..http._auth import session_key
         from ..http._middleware import MAX_HEAD
         from ..http._server import BoundedHttpToolsProtocol
     except ModuleNotFoundError as e:
@@ -113,6 +116,7 @@ def serve(
         raise BadInput(f"refusing to serve on {host} without --tokens: anyone who can reach it could use every queue")
     try:
         tokens = load_tokens(tokens_file) if tokens_file is not None else None
+        key = session_key(os.environ.get("PGDQ_SESSION_KEY"))
     except ValueError as e:
         raise BadInput(str(e)) from e
     for name in allowed_hosts:
@@ -129,6 +133,7 @@ def serve(
         allowed_hosts=allowed_hosts,
         docs=docs,
         statement_timeout=statement_timeout,
+        session_key=key,
     )
     listening = _listen(host, port)
     config = uvicorn.Config(

@@ -8,7 +8,7 @@ import logging
 import select
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -23,7 +23,7 @@ from starlette.requests import ClientDisconnect
 from .._version import VERSION
 from ..errors import InvalidArgument, PgdqError
 from ._access import ApiError
-from ._auth import Token
+from ._auth import Token, session_key
 from ._classic import router as classic_router
 from ._dashboard import HERE
 from ._dashboard import router as dashboard_router
@@ -54,6 +54,8 @@ class Settings:
     statement_timeout: float = 30.0  # seconds a statement may run (0: no limit); a long poll waits outside SQL
     allowed_hosts: tuple[str, ...] = ()  # Host names besides the served address (name or name:port), see _guard
     docs: bool = False  # Swagger UI at /docs (loaded from a CDN); /openapi.json is always served
+    # what the dashboard's sessions are signed with (_auth.session_key): random, or PGDQ_SESSION_KEY's
+    session_key: bytes = field(default_factory=lambda: session_key(None), repr=False)
 
 
 def _validation_message(error: RequestValidationError, content_type: str | None = None) -> str:

@@ -42,7 +42,7 @@ from psycopg import sql
 from .. import AsyncQueue
 from ..model import DeadLetter, HistoryBucket, HistoryRecord, MessageInfo, PeekedMessage, QueueStats
 from ._access import TOKEN_COOKIE, ApiError, authorize, presented_token
-from ._auth import Token, find_token
+from ._auth import Token, find_token, new_session
 from ._guard import SAFE_METHODS
 from ._metrics import _UNAVAILABLE, history_statement
 from ._v1 import INFINITY, MINUS_INFINITY, QueueName, SegmentRoute, _client, _queue
@@ -732,7 +732,7 @@ async def login_form(request: Request) -> Response:
 
 @router.post("/login", response_class=HTMLResponse)
 async def login(request: Request) -> Response:
-    """Keep a valid token in an HttpOnly, SameSite=Strict cookie and go to the overview."""
+    """Keep a session of a valid token (not the token) in an HttpOnly, SameSite=Strict cookie; go to the overview."""
     raw = await request.body()
     if len(raw) > LOGIN_BODY_LIMIT:
         raise ApiError(413, f"the login form is over {LOGIN_BODY_LIMIT} bytes")
@@ -746,7 +746,9 @@ async def login(request: Request) -> Response:
         return templates.TemplateResponse(request, "login.html", context, status_code=401)
     answer = RedirectResponse("/", status_code=303)
     secure = request.url.scheme == "https"
-    answer.set_cookie(TOKEN_COOKIE, secret, httponly=True, samesite="strict", secure=secure, max_age=_cookie_age(token))
+    age = _cookie_age(token)
+    session = new_session(request.app.state.settings.session_key, token, datetime.now(UTC) + timedelta(seconds=age))
+    answer.set_cookie(TOKEN_COOKIE, session, httponly=True, samesite="strict", secure=secure, max_age=age)
     # a new session, a new CSRF token
     answer.set_cookie(CSRF_COOKIE, secrets.token_urlsafe(32), httponly=True, samesite="strict", secure=secure)
     return answer
