@@ -23,7 +23,7 @@ import httpx
 import psycopg
 import pytest
 from conftest import ROOT, install_extension, owner, start_cluster, unsharded
-from http_server import Server, free_port, make_tokens, serve
+from http_server import Server, free_port, make_tokens, serve, waiting_polls
 from pgdq import Queue
 from psycopg import sql
 from waiting import wait_for
@@ -445,6 +445,46 @@ def test_every_pooled_connection_works_after_a_database_restart(
     with httpx.Client(base_url=s.url, timeout=30) as api:
         statuses = [api.get("/v1/queues/r/stats").status_code for _ in range(6)]
     assert statuses == [200] * 6
+
+
+@unsharded("restarts a cluster of its own, not the router's partitions")
+@pytest.mark.skipif(not throwaway_clusters(), reason="starts a throwaway cluster: only next to the repo's test cluster")
+def test_requests_work_as_soon_as_the_database_is_back(restartable: dict[str, str], running: list[Server]) -> None:
+    """A full pool (10 connections) that a restart broke: the first requests once
+    the database answers again are served (none waits out a back-off into 503);
+    and a long poll waiting across a crash-restart gets its message, not 503."""
+    dsn = _restart_database(restartable)
+    running.append(s := serve(dsn, "--pool-size", "10"))
+    with psycopg.connect(dsn) as holder:  # ten requests at once grow the pool to 10 connections
+        holder.execute("SELECT dq_offer('r', 'k', '1')")
+        holder.commit()
+        holder.execute("SELECT 1 FROM dq_messages WHERE queue = 'r' AND key = 'k' FOR UPDATE")
+        clients = [send_raw(s.url, "DELETE", "/v1/queues/r/messages/k") for _ in range(10)]
+        wait_for(lambda: backends(dsn, "wait_event_type = 'Lock'") == 10, "10 pooled connections in use")
+        holder.rollback()
+    assert sorted(answer_status(c) for c in clients) == [200] + [404] * 9
+    pgcluster = [str(ROOT / "scripts/pgcluster.sh"), "restart", "test-http-restart"]
+    subprocess.run(pgcluster, check=True)
+    with httpx.Client(base_url=s.url, timeout=30) as api:
+        assert [api.get("/v1/queues/r/stats").status_code for _ in range(12)] == [200] * 12
+        poll = send_raw(s.url, "POST", "/v1/queues/r/poll", json.dumps({"wait": 60}).encode())
+        wait_for(lambda: waiting_polls(api) == 1, "the long poll to wait")
+        subprocess.run([*pgcluster[:-2], "crash-restart", "test-http-restart"], check=True)
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("SELECT dq_offer('r', 'after', '2')")
+        assert answer_status(poll) == 200, "the long poll rode out the crash"
+
+
+def _restart_database(env: dict[str, str]) -> str:
+    """A fresh database "restart" with pgdq on the throwaway cluster of env; its DSN."""
+    params = {"host": env["PGHOST"], "port": env["PGPORT"], "user": env["PGUSER"]}
+    with psycopg.connect(psycopg.conninfo.make_conninfo(dbname="postgres", **params), autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier("restart")))
+        admin.execute("CREATE DATABASE restart")
+    dsn = psycopg.conninfo.make_conninfo(dbname="restart", **params)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        install_extension(c)
+    return dsn
 
 
 # 8. a port in use
