@@ -421,35 +421,9 @@ def restartable() -> Iterator[dict[str, str]]:
 
 @unsharded("restarts a cluster of its own, not the router's partitions")
 @pytest.mark.skipif(not throwaway_clusters(), reason="starts a throwaway cluster: only next to the repo's test cluster")
-def test_every_pooled_connection_works_after_a_database_restart(
+def test_every_pooled_connection_works_as_soon_as_the_database_is_back(
     restartable: dict[str, str], running: list[Server]
 ) -> None:
-    env = restartable
-    params = {"host": env["PGHOST"], "port": env["PGPORT"], "user": env["PGUSER"]}
-    with psycopg.connect(psycopg.conninfo.make_conninfo(dbname="postgres", **params), autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier("restart")))
-        admin.execute("CREATE DATABASE restart")
-    dsn = psycopg.conninfo.make_conninfo(dbname="restart", **params)
-    with psycopg.connect(dsn, autocommit=True) as c:
-        install_extension(c)
-    running.append(s := serve(dsn, "--pool-size", "3"))
-    with psycopg.connect(dsn) as holder:  # three requests at once grow the pool to 3 connections
-        holder.execute("SELECT dq_offer('r', 'k', '1')")
-        holder.commit()
-        holder.execute("SELECT 1 FROM dq_messages WHERE queue = 'r' AND key = 'k' FOR UPDATE")
-        clients = [send_raw(s.url, "DELETE", "/v1/queues/r/messages/k") for _ in range(3)]
-        wait_for(lambda: backends(dsn, "wait_event_type = 'Lock'") == 3, "3 pooled connections in use")
-        holder.rollback()
-    assert sorted(answer_status(c) for c in clients) == [200, 404, 404]
-    subprocess.run([str(ROOT / "scripts/pgcluster.sh"), "restart", "test-http-restart"], check=True)
-    with httpx.Client(base_url=s.url, timeout=30) as api:
-        statuses = [api.get("/v1/queues/r/stats").status_code for _ in range(6)]
-    assert statuses == [200] * 6
-
-
-@unsharded("restarts a cluster of its own, not the router's partitions")
-@pytest.mark.skipif(not throwaway_clusters(), reason="starts a throwaway cluster: only next to the repo's test cluster")
-def test_requests_work_as_soon_as_the_database_is_back(restartable: dict[str, str], running: list[Server]) -> None:
     """A full pool (10 connections) that a restart broke: the first requests once
     the database answers again are served (none waits out a back-off into 503);
     and a long poll waiting across a crash-restart gets its message, not 503."""

@@ -15,19 +15,33 @@ from ._access import error_response
 log = logging.getLogger("pgdq.http")
 
 
-MAX_HEAD = 16 * 1024  # bytes of a request head (request line and headers): over it, 431 (or 400, _server)
-
-
-class HeadLimit:
-    """ASGI middleware: a request whose head (request line and headers, as sent)
-    is over MAX_HEAD bytes gets 431, whatever the HTTP parser let through
-    (a whole head read in one piece is never counted against its bound)."""
+class _HttpMiddleware:
+    """ASGI middleware that handles HTTP requests (handle) and passes anything else on untouched."""
 
     def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
         self.app = app
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
-        if scope["type"] == "http" and head_size(scope) > MAX_HEAD:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await self.handle(scope, receive, send)
+
+    async def handle(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        """Handle one HTTP request."""
+        raise NotImplementedError
+
+
+MAX_HEAD = 16 * 1024  # bytes of a request head (request line and headers): over it, 431 (or 400, _server)
+
+
+class HeadLimit(_HttpMiddleware):
+    """ASGI middleware: a request whose head (request line and headers, as sent)
+    is over MAX_HEAD bytes gets 431, whatever the HTTP parser let through
+    (a whole head read in one piece is never counted against its bound)."""
+
+    async def handle(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if head_size(scope) > MAX_HEAD:
             response = error_response(scope["path"], 431, f"the request head is over {MAX_HEAD} bytes")
             await response(scope, receive, send)
             return
@@ -86,19 +100,13 @@ class BodyLimit:
         await response(scope, _no_body, send)
 
 
-class JsonOnFailure:
+class JsonOnFailure(_HttpMiddleware):
     """ASGI middleware: an exception no handler answered (a bug, an answer that
     cannot be serialised) is logged with its traceback and answered as JSON 500
     {"error"} (in the protocol's shape on its paths), never as bare text; once
     an answer has started, it can only be cut short (the client sees the close)."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
         started = False
 
         async def noting(message: dict[str, Any]) -> None:
@@ -126,19 +134,13 @@ CLIENT_GONE = 499
 WATCH_AFTER = 0.05
 
 
-class CancelOnDisconnect:
+class CancelOnDisconnect(_HttpMiddleware):
     """ASGI middleware: a client that goes away before its answer is complete
     has its request cancelled (psycopg then cancels the running statement on
     the server, so the pooled connection comes back idle); the middleware
     around it (metrics) sees CLIENT_GONE."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
         exchange = _Exchange(receive, send)
         if not _has_body(scope):  # the app may never read it: read it here, so the watch can start
             exchange.pending.append(await receive())
