@@ -414,6 +414,7 @@ def test_throughput_chart_with_history_and_what_to_do_without(
 
 
 def test_queue_page_charts_and_percentiles(browser: sync_api.Browser, server: Server, q: Queue, database: str) -> None:
+    q.offer("here", 1)  # a queue with nothing at all is no queue: its page is 404
     page = browser.new_page()
     page.goto(f"{server.url}/queues/{q.name}")
     sync_api.expect(page.locator("#history-empty")).to_contain_text(f"pgdq retain {q.name} 7d")

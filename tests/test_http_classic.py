@@ -227,6 +227,12 @@ def test_tokens_cannot_probe_ids_or_learn_topics(database: str, tmp_path: Path) 
                 assert there[1] == {**missing[1], "error": missing[1]["error"].replace("salary:404", "salary:1")}
                 assert "payroll" not in str(there), there
             assert Queue("secret-payroll", database).get("salary:1") is not None, "nothing deleted"
+            sent = Queue("secret-payroll", database).send({"body": "y", "ttr": 60})  # a pop names it by id
+            for cmd in ("finish", "delete"):
+                there = _token_answers(api, secrets["worker"], {"command": cmd, "id": f"#{sent}@secret-payroll"})
+                missing = _token_answers(api, secrets["worker"], {"command": cmd, "id": f"#{sent + 9}@secret-payroll"})
+                assert there[0] == missing[0] == 404, (cmd, there, missing)
+            assert Queue("secret-payroll", database).get_id(sent) is not None, "nothing deleted"
             for fields in (
                 {"command": "add", "topic": "orders", "id": "salary:1"},
                 {"command": "pop", "topic": "secret-payroll"},
