@@ -56,6 +56,14 @@ def make_tokens(path: Path, wanted: dict[str, tuple[list[str], list[str]]]) -> d
     return made
 
 
+def sign_in(url: str, secret: str) -> str:
+    """The session cookie the dashboard's login form gives for the token secret, as a browser keeps it."""
+    form = {"content-type": "application/x-www-form-urlencoded", "origin": url, "sec-fetch-site": "same-origin"}
+    r = httpx.post(url + "/login", content=f"token={secret}", headers=form)
+    assert r.status_code == 303, r.text
+    return r.cookies["pgdq_token"]
+
+
 def waiting_polls(api: httpx.Client) -> float:
     """The server's long polls waiting now (its /metrics)."""
     metrics = api.get("/metrics").text

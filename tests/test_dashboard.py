@@ -21,7 +21,7 @@ import httpx
 import psycopg
 import pytest
 from conftest import owner
-from http_server import Server, make_tokens, serve
+from http_server import Server, make_tokens, serve, sign_in
 from pgdq import Client, Message, Queue
 from test_http_guard import dead_keys
 
@@ -156,7 +156,7 @@ def test_keyless_actions_need_admin_on_the_queue(database: str, q: Queue, tmp_pa
             for name in ("reader", "other"):
                 r = httpx.post(f"{base}/{first}/{action}", headers={"Authorization": f"Bearer {secrets[name]}"})
                 assert r.status_code == 403 and "admin" in r.json()["error"], (name, action)
-            cookie = {"pgdq_token": secrets["admin"]}
+            cookie = {"pgdq_token": sign_in(s.url, secrets["admin"])}
             foreign = httpx.post(f"{base}/{first}/{action}", cookies=cookie, headers={"Origin": "http://evil.example"})
             assert foreign.status_code == 403 and "another site or origin" in foreign.text, action
         assert sorted(d.id or 0 for d in q.dead_letters()) == [first, second], "nothing redriven or purged"
@@ -188,7 +188,7 @@ def test_tokens_login_and_scopes(browser: sync_api.Browser, database: str, q: Qu
         page.click('button[type="submit"]')
         page.locator(f'tr[data-queue="{q.name}"]').wait_for()
         cookie = next(c for c in page.context.cookies() if c["name"] == "pgdq_token")
-        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["value"] != secrets["reader"]
         page.goto(f"{s.url}/queues/{q.name}")
         page.locator('tr[data-key="dead"] button', has_text="Redrive").click()
         page.locator("#message").wait_for()
@@ -298,7 +298,7 @@ def _page_client(url: str, secret: str | None = None) -> httpx.Client:
     this server, the login cookie (secret, if given), and the CSRF token the page gave it."""
     client = httpx.Client(base_url=url, headers={"origin": url, "sec-fetch-site": "same-origin"})
     if secret is not None:
-        client.cookies.set("pgdq_token", secret)
+        client.cookies.set("pgdq_token", sign_in(url, secret))
     client.get("/")  # a page sets the CSRF cookie (none is given without a valid token: the client makes its own)
     if "pgdq_csrf" not in client.cookies:
         client.cookies.set("pgdq_csrf", token_urlsafe(32))
@@ -414,6 +414,7 @@ def test_throughput_chart_with_history_and_what_to_do_without(
 
 
 def test_queue_page_charts_and_percentiles(browser: sync_api.Browser, server: Server, q: Queue, database: str) -> None:
+    q.offer("here", 1)  # a queue with nothing at all is no queue: its page is 404
     page = browser.new_page()
     page.goto(f"{server.url}/queues/{q.name}")
     sync_api.expect(page.locator("#history-empty")).to_contain_text(f"pgdq retain {q.name} 7d")

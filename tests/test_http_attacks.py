@@ -4,6 +4,7 @@ request line, headers and body may make the service keep or tell
 
 from __future__ import annotations
 
+import html
 import json
 import socket
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from http_server import Server, make_tokens, serve, waiting_polls
+from http_server import Server, make_tokens, serve, sign_in, waiting_polls
 from pgdq import Queue
 from waiting import wait_for
 
@@ -150,7 +151,7 @@ def test_every_route_refuses_alike_whether_its_queue_exists(
         "no token": {},
         "expired": {"headers": {"authorization": f"Bearer {secrets['expired']}"}},
         "other queue": {"headers": {"authorization": f"Bearer {secrets['other']}"}},
-        "other queue, cookie": {"headers": same_page, "cookies": {"pgdq_token": secrets["other"]}},
+        "other queue, cookie": {"headers": same_page, "cookies": {"pgdq_token": sign_in(s.url, secrets["other"])}},
     }
     routes = _routes(s.url, str(leased.lock_token))
     assert len(routes) >= 22, routes
@@ -162,7 +163,8 @@ def test_every_route_refuses_alike_whether_its_queue_exists(
                 path = template.format(queue=queue, key="k", name="s", channel="c")
                 r = clients[who].request(method, path, json=body, headers=how.get("headers"))
                 answers.append((r.status_code, r.text.replace(missing, queue_name)))
-                assert r.status_code in (401, 403, 303), (who, method, path, r.status_code, r.text)
+                # a queue page the caller may not read: 404 as a queue that does not exist
+                assert r.status_code in (401, 403, 303, 404), (who, method, path, r.status_code, r.text)
             assert answers[0] == answers[1], (who, method, template, answers)
             assert queue_name not in answers[0][1], (who, method, template, answers[0])
     assert _state(s, secrets["admin"], queue_name) == before
@@ -173,6 +175,37 @@ def test_every_route_refuses_alike_whether_its_queue_exists(
             assert r.status_code in (401, 403) and queue_name not in r.text, (who, path, r.status_code)
     for client in clients.values():
         client.close()
+
+
+# The dashboard's pages: no such queue, a bad parameter
+
+
+def _error_page(r: httpx.Response) -> str:
+    """The message of an HTML error page (templates/error.html)."""
+    assert r.headers["content-type"].startswith("text/html"), r.text
+    return html.unescape(r.text.split('id="error-page"', 1)[1].split("<p>", 1)[1].split("</p>", 1)[0])
+
+
+def test_a_page_of_no_queue_is_404_as_one_the_caller_may_not_read(
+    guarded: tuple[Server, dict[str, str]], queue_name: str, q: Queue
+) -> None:
+    s, secrets = guarded
+    page = {"accept": "text/html,application/xhtml+xml"}
+    admin, other = ({**page, "authorization": f"Bearer {secrets[who]}"} for who in ("admin", "other"))
+    q.offer("k", 1)
+    shown = httpx.get(f"{s.url}/queues/{queue_name}", headers=admin)
+    assert shown.status_code == 200 and 'id="pause"' in shown.text
+    typo = httpx.get(f"{s.url}/queues/{queue_name}-typo", headers=admin)
+    assert typo.status_code == 404 and 'id="pause"' not in typo.text
+    assert _error_page(typo).startswith("No such queue")
+    hidden = httpx.get(f"{s.url}/queues/{queue_name}", headers=other)
+    assert (hidden.status_code, _error_page(hidden)) == (404, _error_page(typo)), "existence does not leak"
+    assert queue_name not in hidden.text.replace(f"/queues/{queue_name}", "")
+    bad = httpx.get(f"{s.url}/queues/{queue_name}/messages?state=stuck", headers=admin)
+    assert bad.status_code == 400 and "state" in _error_page(bad) and "'leased'" in _error_page(bad)
+    raw = httpx.get(f"{s.url}/queues/{queue_name}/messages?state=stuck", headers={**admin, "accept": "*/*"})
+    assert raw.status_code == 400 and "state" in raw.json()["error"], "API clients keep the JSON answer"
+    q.purge()
 
 
 # The server's log
@@ -211,7 +244,7 @@ def test_answers_with_queue_data_are_not_stored(guarded: tuple[Server, dict[str,
     on a shared computer) or a proxy: Cache-Control: no-store. The
     dashboard's static files may be kept."""
     s, secrets = guarded
-    cookie = {"pgdq_token": secrets["admin"]}
+    cookie = {"pgdq_token": sign_in(s.url, secrets["admin"])}
     bearer = {"authorization": f"Bearer {secrets['admin']}"}
     answers = [
         httpx.get(f"{s.url}/", cookies=cookie),

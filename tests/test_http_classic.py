@@ -252,6 +252,12 @@ def test_tokens_cannot_probe_ids_or_learn_topics(database: str, tmp_path: Path) 
                 assert there[1] == {**missing[1], "error": missing[1]["error"].replace("salary:404", "salary:1")}
                 assert "payroll" not in str(there), there
             assert Queue("secret-payroll", database).get("salary:1") is not None, "nothing deleted"
+            sent = Queue("secret-payroll", database).send({"body": "y", "ttr": 60})  # a pop names it by id
+            for cmd in ("finish", "delete"):
+                there = _token_answers(api, secrets["worker"], {"command": cmd, "id": f"#{sent}@secret-payroll"})
+                missing = _token_answers(api, secrets["worker"], {"command": cmd, "id": f"#{sent + 9}@secret-payroll"})
+                assert there[0] == missing[0] == 404, (cmd, there, missing)
+            assert Queue("secret-payroll", database).get_id(sent) is not None, "nothing deleted"
             for fields in (
                 {"command": "add", "topic": "orders", "id": "salary:1"},
                 {"command": "pop", "topic": "secret-payroll"},
@@ -287,3 +293,25 @@ def test_the_serve_demo(database: str) -> None:
         assert [s.name for s in Client(database).schedules("pgdq_demo_reports")] == ["nightly-sales"]
     finally:
         demo.stop()
+
+
+def test_a_popped_message_without_a_key_is_finished_and_nothing_else(
+    api: httpx.Client, queue_name: str, q: Queue, database: str
+) -> None:
+    other = Queue(queue_name + "_2", database)
+    other.purge()
+    sent = q.send({"n": 1})  # keyless (dq_send): its id stands for it
+    assert command(api, command="add", topic=other.name, id=str(sent), delay=3600, body="later")[1]["success"]
+    handed = command(api, command="pop", topic=queue_name)[1]["id"]
+    assert command(api, command="finish", id=handed) == (200, {**_empty(), "id": handed})
+    assert q.get_id(sent) is None, "the popped message is finished"
+    assert other.get(str(sent)) is not None, "the other topic's job of the same digits stays"
+    assert command(api, command="finish", id=handed)[0] == 404
+    status, answer = command(api, command="add", topic=queue_name, id=handed, body=1)
+    assert (status, answer["success"]) == (400, False) and "reserved" in answer["error"], "no add may use that form"
+    # a key of that form, offered otherwise, is handed out by the message's id too
+    q.offer(handed, "keyed")
+    taken = command(api, command="pop", topic=queue_name)[1]["id"]
+    assert taken != handed and command(api, command="delete", id=taken, topic=queue_name)[1]["success"]
+    assert q.get(handed) is None
+    other.purge()

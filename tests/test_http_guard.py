@@ -6,6 +6,7 @@ tokens that expire, and the logout. What was done is checked in SQL."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -19,7 +20,7 @@ import httpx
 import psycopg
 import pytest
 from conftest import owner
-from http_server import Server, make_tokens, serve
+from http_server import Server, make_tokens, serve, sign_in
 from pgdq import Queue
 
 EVIL = {"origin": "http://evil.example"}
@@ -60,7 +61,7 @@ CSRF = "c" * 43  # a page's CSRF token: the X-CSRF-Token header must equal the p
 def page_headers(server: Server, token: str | None = None) -> dict[str, str]:
     """What the dashboard's own page sends with an action: same origin, its
     CSRF cookie and header, and the sign-in cookie when given a token."""
-    cookie = f"pgdq_csrf={CSRF}" + (f"; pgdq_token={token}" if token else "")
+    cookie = f"pgdq_csrf={CSRF}" + (f"; pgdq_token={sign_in(server.url, token)}" if token else "")
     return {**same_origin(server), "x-csrf-token": CSRF, "cookie": cookie}
 
 
@@ -114,14 +115,14 @@ def test_purge_needs_all_or_a_key(server: Server, q: Queue, database: str) -> No
 def test_cookie_needs_same_origin_with_tokens(secured: tuple[Server, dict[str, str]], q: Queue, database: str) -> None:
     s, secrets = secured
     make_dead(q, "a", "b")
-    cookie = {"cookie": f"pgdq_token={secrets['admin']}"}
+    cookie = {"cookie": f"pgdq_token={sign_in(s.url, secrets['admin'])}"}
     purge_all = f"{s.url}/dashboard/queues/{q.name}/dead-letters/purge?all=true"
     for headers in (EVIL, CROSS_SITE, SAME_SITE, {}):  # {}: the cookie without Origin or Sec-Fetch-Site
         r = httpx.post(purge_all, headers={**FORM, **cookie, **headers})
         assert r.status_code == 403, (headers, r.text)
     assert dead_keys(database, q.name) == ["a", "b"]
     r = httpx.post(f"{s.url}/v1/queues/{q.name}/messages", headers={**cookie, **EVIL}, json={"key": "k", "payload": 1})
-    assert r.status_code == 403 and q.get("k") is None, "the cookie authenticates the API too: same rule"
+    assert r.status_code == 403 and q.get("k") is None, "refused (and the API takes no session anyway)"
 
     bearer = {"authorization": f"Bearer {secrets['admin']}"}
     r = httpx.post(f"{s.url}/dashboard/queues/{q.name}/dead-letters/purge?key=a", headers={**bearer, **EVIL})
@@ -143,11 +144,37 @@ def test_login_and_logout_are_csrf_checked(secured: tuple[Server, dict[str, str]
 # tokens: expiry and logout
 
 
+def test_the_sign_in_cookie_is_a_session_the_api_refuses(secured: tuple[Server, dict[str, str]], q: Queue) -> None:
+    """Browsers send a host's cookies to every port of it: what another app there
+    receives must not be the token, work as one, or be changed into another."""
+    s, secrets = secured
+    session = sign_in(s.url, secrets["reader"])
+    assert secrets["reader"] not in session and not session.startswith("pgdq_"), "not the token"
+    assert httpx.get(f"{s.url}/dashboard/queues", cookies={"pgdq_token": session}).status_code == 200
+    assert httpx.get(f"{s.url}/metrics", cookies={"pgdq_token": session}).status_code == 403, "signed in, not admin"
+    for api in ({"authorization": f"Bearer {session}"}, {"cookie": f"pgdq_token={session}"}):
+        r = httpx.get(f"{s.url}/v1/queues/{q.name}/stats", headers=api)
+        assert r.status_code == 401, (api, r.text)
+        r = httpx.post(f"{s.url}/command", headers={**api, **same_origin(s)}, json={"command": "pop", "topic": q.name})
+        assert r.status_code == 401, (api, r.text)
+    name, until, mac = session.split(".")
+    admin = base64.urlsafe_b64encode(b"admin").decode().rstrip("=")
+    forged = [
+        f"{name}.{until}.{mac[:-1]}{'0' if mac[-1] != '0' else '1'}",  # one digit of the MAC changed
+        f"{admin}.{until}.{mac}",  # another token's name
+        f"{name}.{int(until) + 86400}.{mac}",  # a later end
+        f"{name}.{until}",
+        secrets["reader"],  # the token itself is no session either
+    ]
+    for value in forged:
+        assert httpx.get(f"{s.url}/dashboard/queues", cookies={"pgdq_token": value}).status_code == 401, value
+
+
 def test_logout_clears_the_cookie(secured: tuple[Server, dict[str, str]]) -> None:
     s, secrets = secured
     with httpx.Client(base_url=s.url, headers=same_origin(s)) as browser:
         r = browser.post("/login", headers=FORM, content=f"token={secrets['reader']}")
-        assert r.status_code == 303 and browser.cookies.get("pgdq_token") == secrets["reader"]
+        assert r.status_code == 303 and browser.cookies.get("pgdq_token") not in (None, secrets["reader"])
         assert browser.get("/dashboard/queues").status_code == 200
         assert 'action="/logout"' in browser.get("/").text, "the page offers a logout"
         r = browser.post("/logout")
@@ -248,6 +275,7 @@ def assert_guarded(r: httpx.Response) -> None:
 
 
 def test_headers_on_every_answer(server: Server, secured: tuple[Server, dict[str, str]], q: Queue) -> None:
+    q.offer("k", 1)  # the queue's page: a queue with nothing is no queue (404)
     for url in ("/", "/login", f"/queues/{q.name}", f"/dashboard/queues/{q.name}", "/static/dashboard.js"):
         r = httpx.get(server.url + url)
         assert r.status_code == 200 and "script-src 'self';" in r.headers["content-security-policy"]

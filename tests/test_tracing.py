@@ -188,3 +188,18 @@ def test_the_tracing_module_imports_no_queue_module() -> None:
     tree = ast.parse(Path(pgdq._tracing.__file__).read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not any("queue" in m or "delivery" in m for m in imported), imported
+
+
+def test_an_http_callers_baggage_stops_at_the_service(server: Server, database: str, queue_name: str) -> None:
+    """W3C baggage is the caller's say-so (tenant.id=other, user.role=admin): `pgdq
+    serve` reads only traceparent and tracestate, so no baggage reaches a message."""
+    incoming = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "shop=1"}
+    baggage = {"baggage": "tenant.id=other-tenant,user.role=admin," + ",".join(f"k{i}={'v' * 60}" for i in range(100))}
+    with httpx.Client(base_url=server.url, timeout=30) as api, Queue(queue_name, database) as q:
+        sent = api.post(
+            f"/v1/queues/{queue_name}/messages", json={"key": "b", "payload": 1}, headers=incoming | baggage
+        )
+        assert sent.status_code == 200, sent.text
+        found = q.get("b")
+        assert found is not None and found.headers == incoming
+        q.purge()

@@ -7,9 +7,11 @@ import ipaddress
 import json
 import os
 import re
+import signal
 import socket
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -95,16 +97,26 @@ def serve(
     parser: str,
 ) -> None:
     """Serve the queues over HTTP until SIGINT / SIGTERM: the dashboard at /, the JSON API under /v1
-    (OpenAPI at /openapi.json), Prometheus metrics at /metrics. Without --tokens it listens on loopback only."""
-    import uvicorn
+    (OpenAPI at /openapi.json), Prometheus metrics at /metrics. Without --tokens it listens on loopback only.
+    PGDQ_SESSION_KEY (32 bytes or more): the key the dashboard's sign-ins are signed with, the same for
+    every server behind one address (without it, a random key: a restart signs everyone out)."""
+    try:
+        import uvicorn
 
-    from ..http import Settings, create_app, load_tokens
-    from ..http._server import MAX_HEAD, BoundedHttpToolsProtocol
+        from ..http import Settings, create_app, load_tokens
+        from ..http._auth import session_key
+        from ..http._middleware import MAX_HEAD
+        from ..http._server import BoundedHttpToolsProtocol
+    except ModuleNotFoundError as e:
+        raise click.ClickException(
+            f"pgdq serve needs the http extra (no module {e.name}): pip install 'pgdq[http]'"
+        ) from e
 
     if tokens_file is None and not is_loopback(host):
         raise BadInput(f"refusing to serve on {host} without --tokens: anyone who can reach it could use every queue")
     try:
         tokens = load_tokens(tokens_file) if tokens_file is not None else None
+        key = session_key(os.environ.get("PGDQ_SESSION_KEY"))
     except ValueError as e:
         raise BadInput(str(e)) from e
     for name in allowed_hosts:
@@ -121,6 +133,7 @@ def serve(
         allowed_hosts=allowed_hosts,
         docs=docs,
         statement_timeout=statement_timeout,
+        session_key=key,
     )
     listening = _listen(host, port)
     config = uvicorn.Config(
@@ -133,9 +146,21 @@ def serve(
         limit_concurrency=limit_concurrency,
     )
     server = uvicorn.Server(config)
-    server.run(sockets=[listening])
+    _run_until_signalled(server, listening)
     if not server.started:
         raise click.ClickException("the server did not start (see the log above)")
+
+
+def _run_until_signalled(server: Any, listening: socket.socket) -> None:
+    """Run server on listening until SIGINT or SIGTERM stops it gracefully, then return (exit 0):
+    uvicorn raises the signal again once stopped, which the handlers kept here only note."""
+    stops = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in stops}
+    try:
+        server.run(sockets=[listening])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -3,7 +3,8 @@
 `pgdq serve` runs it on uvicorn; any ASGI server can run `pgdq.http:app`,
 configured from the environment (PGDQ_DSN, PGDQ_SCHEMA, PGDQ_TOKENS, and
 PGDQ_ALLOWED_HOSTS, PGDQ_DOCS as --allowed-host, comma-separated, and --docs;
-PGDQ_STATEMENT_TIMEOUT as --statement-timeout). Run
+PGDQ_STATEMENT_TIMEOUT as --statement-timeout; PGDQ_SESSION_KEY, the key the
+dashboard's sign-in sessions are signed with, as for `pgdq serve`). Run
 as many servers as you like behind a load balancer: every state is in
 PostgreSQL. docs/http.md describes the API.
 """
@@ -14,7 +15,7 @@ import os
 from typing import Any
 
 from ._app import Settings, create_app
-from ._auth import Token, load_tokens, new_token
+from ._auth import Token, load_tokens, new_token, session_key
 
 __all__ = ["Settings", "Token", "app", "create_app", "load_tokens", "new_token"]
 
@@ -31,6 +32,7 @@ def __getattr__(name: str) -> Any:
         allowed_hosts=tuple(h.strip() for h in os.environ.get("PGDQ_ALLOWED_HOSTS", "").split(",") if h.strip()),
         docs=os.environ.get("PGDQ_DOCS", "") not in ("", "0"),
         statement_timeout=_seconds("PGDQ_STATEMENT_TIMEOUT", Settings.statement_timeout),
+        session_key=session_key(os.environ.get("PGDQ_SESSION_KEY")),
     )
     made = globals()["app"] = create_app(settings)
     return made

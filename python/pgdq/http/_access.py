@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from ._auth import Token, find_token
+from ._auth import Token, find_session, find_token
 
 
 class ApiError(Exception):
@@ -52,17 +52,28 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-# The dashboard's cookie: the token a person gave the login form (HttpOnly, SameSite=Strict).
+# The dashboard's cookie: a session the login form made of a valid token (_auth.new_session), never
+# the token itself (HttpOnly, SameSite=Strict). It signs in the dashboard (and /metrics), not the API.
 TOKEN_COOKIE = "pgdq_token"
 
 
+def is_api(path: str) -> bool:
+    """True for a path of the API (/v1, the classic protocol and its dialect), which only bearer tokens open."""
+    return path.startswith("/v1/") or path in PROTOCOL_FAILURES
+
+
 def presented_token(request: Request) -> Token | None:
-    """The token of the request's bearer header (else the dashboard's cookie); None if none is valid."""
-    tokens: list[Token] = request.app.state.settings.tokens or []
+    """The token of the request's bearer header (else, but on the API, of the dashboard's
+    session cookie); None if none is valid."""
+    settings = request.app.state.settings
+    tokens: list[Token] = settings.tokens or []
     scheme, _, secret = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer":
-        secret = request.cookies.get(TOKEN_COOKIE, "")
-    return find_token(tokens, secret.strip()) if secret.strip() else None
+    if scheme.lower() == "bearer":
+        return find_token(tokens, secret.strip()) if secret.strip() else None
+    session = request.cookies.get(TOKEN_COOKIE, "")
+    if not session or is_api(request.url.path):
+        return None
+    return find_session(tokens, settings.session_key, session)
 
 
 def authenticate(request: Request) -> Token | None:

@@ -6,34 +6,36 @@ from __future__ import annotations
 
 import logging
 import select
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import psycopg
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from .._reconnect import describe
 from .._version import VERSION
 from ..errors import InvalidArgument, PgdqError
-from ._access import ApiError, error_response
-from ._auth import Token
+from ._access import ApiError
+from ._auth import Token, session_key
 from ._classic import router as classic_router
 from ._dashboard import HERE
 from ._dashboard import router as dashboard_router
 from ._delay_queue import router as delay_queue_router
 from ._docs import router as docs_router
+from ._error_pages import failure
 from ._guard import BrowserGuard
 from ._metrics import HistoryMetrics, RequestMetrics
 from ._metrics import router as metrics_router
-from ._middleware import BodyLimit, CancelOnDisconnect
+from ._middleware import BodyLimit, CancelOnDisconnect, HeadLimit, JsonOnFailure
 from ._trace_context import TraceContext
 from ._v1 import EndlessTimestamptzLoader, router
 from ._v1_manage import router as manage_router
@@ -54,6 +56,8 @@ class Settings:
     statement_timeout: float = 30.0  # seconds a statement may run (0: no limit); a long poll waits outside SQL
     allowed_hosts: tuple[str, ...] = ()  # Host names besides the served address (name or name:port), see _guard
     docs: bool = False  # Swagger UI at /docs (loaded from a CDN); /openapi.json is always served
+    # what the dashboard's sessions are signed with (_auth.session_key): random, or PGDQ_SESSION_KEY's
+    session_key: bytes = field(default_factory=lambda: session_key(None), repr=False)
 
 
 def _validation_message(error: RequestValidationError, content_type: str | None = None) -> str:
@@ -85,63 +89,59 @@ def _json_error(body: str, error: Any) -> str:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    """Every failure as {"error": ...}: 400 bad input, 503 database down, never a bare 500."""
+    """Every failure as {"error": ...} (a dashboard page's as an HTML page, _error_pages): 400 bad
+    input, 503 database down, never a bare 500."""
 
     @app.exception_handler(ApiError)
-    async def api_error(request: Request, e: ApiError) -> JSONResponse:
-        return error_response(request.url.path, e.status, e.message, headers=e.headers)
+    async def api_error(request: Request, e: ApiError) -> Response:
+        return failure(request, e.status, e.message, headers=e.headers)
 
     @app.exception_handler(HTTPException)
-    async def framework_error(request: Request, e: HTTPException) -> JSONResponse:
+    async def framework_error(request: Request, e: HTTPException) -> Response:
         # the framework's own answers: no such route (404), a wrong method (405), an unreadable body (400)
-        return error_response(request.url.path, e.status_code, str(e.detail), headers=e.headers)
+        return failure(request, e.status_code, str(e.detail), headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_body(request: Request, e: RequestValidationError) -> JSONResponse:
-        return error_response(request.url.path, 400, _validation_message(e, request.headers.get("content-type")))
+    async def invalid_body(request: Request, e: RequestValidationError) -> Response:
+        return failure(request, 400, _validation_message(e, request.headers.get("content-type")))
 
     @app.exception_handler(InvalidArgument)
-    async def invalid_argument(request: Request, e: InvalidArgument) -> JSONResponse:
-        return error_response(request.url.path, 400, str(e), e.sqlstate)
+    async def invalid_argument(request: Request, e: InvalidArgument) -> Response:
+        return failure(request, 400, str(e), e.sqlstate)
 
     @app.exception_handler(psycopg.DataError)
-    async def invalid_data(request: Request, e: psycopg.DataError) -> JSONResponse:
+    async def invalid_data(request: Request, e: psycopg.DataError) -> Response:
         # SQLSTATE class 22 from PostgreSQL itself, e.g. a NUL character in a text or a JSON string
-        return error_response(request.url.path, 400, e.diag.message_primary or str(e), e.sqlstate)
+        return failure(request, 400, e.diag.message_primary or str(e), e.sqlstate)
 
     @app.exception_handler(ClientDisconnect)
-    async def client_gone(request: Request, e: ClientDisconnect) -> JSONResponse:
+    async def client_gone(request: Request, e: ClientDisconnect) -> Response:
         # the body stopped: the client left, or BodyLimit answered 413 already (this answer goes nowhere)
-        return error_response(request.url.path, 400, "the client disconnected")
+        return failure(request, 400, "the client disconnected")
 
     @app.exception_handler(psycopg.errors.QueryCanceled)
-    async def statement_timeout(request: Request, e: psycopg.errors.QueryCanceled) -> JSONResponse:
+    async def statement_timeout(request: Request, e: psycopg.errors.QueryCanceled) -> Response:
         # a statement over the statement timeout, or cancelled on the server (a client that left gets no answer)
         limit = request.app.state.settings.statement_timeout
         log.warning("statement cancelled: %s", e)
         message = "the statement was cancelled"
         if limit:
             message = f"the statement ran over the statement timeout ({limit:g} s)"
-        return error_response(request.url.path, 503, message, e.sqlstate, headers={"Retry-After": "5"})
+        return failure(request, 503, message, e.sqlstate, headers={"Retry-After": "5"})
 
     @app.exception_handler(PoolTimeout)
     @app.exception_handler(psycopg.OperationalError)
-    async def database_down(request: Request, e: Exception) -> JSONResponse:
+    async def database_down(request: Request, e: Exception) -> Response:
         log.warning("database unavailable: %s", e)
-        return error_response(
-            request.url.path, 503, "the database is unavailable; try again", headers={"Retry-After": "5"}
-        )
+        return failure(request, 503, "the database is unavailable; try again", headers={"Retry-After": "5"})
 
     @app.exception_handler(PgdqError)
     @app.exception_handler(psycopg.Error)
-    async def database_error(request: Request, e: Exception) -> JSONResponse:
+    async def database_error(request: Request, e: Exception) -> Response:
         log.error("database error: %s", e)
-        return error_response(request.url.path, 500, "the database refused the request", getattr(e, "sqlstate", None))
+        return failure(request, 500, "the database refused the request", getattr(e, "sqlstate", None))
 
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, e: Exception) -> JSONResponse:
-        # anything else (the server re-raises it for its log, with the traceback): JSON all the same
-        return error_response(request.url.path, 500, f"internal error ({type(e).__name__}); the service's log has more")
+    # anything else: _middleware.JsonOnFailure answers JSON (and logs the traceback)
 
 
 async def _configure_connection(statement_timeout: float, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -162,12 +162,36 @@ async def _check_connection(conn: psycopg.AsyncConnection[Any]) -> None:
     await AsyncConnectionPool.check_connection(conn)
 
 
+class ServicePool(AsyncConnectionPool[psycopg.AsyncConnection[Any]]):
+    """The service's pool: each connection checked before use (_check_connection); a broken
+    one (the database restarted) makes the pool check every idle one at once and hands out
+    the next at once, where psycopg_pool's own check would wait 1, 2, 4 ... s per broken
+    connection, into PoolTimeout (503) with connections to spare once the database is back."""
+
+    async def getconn(self, timeout: float | None = None) -> psycopg.AsyncConnection[Any]:
+        """A pooled connection that passed _check_connection; PoolTimeout after timeout (the pool's)."""
+        started = time.monotonic()
+        deadline = started + (self.timeout if timeout is None else timeout)
+        while True:
+            conn = await super().getconn(max(deadline - time.monotonic(), 0.001))  # 0 would refuse a ready one
+            try:
+                await _check_connection(conn)
+            except Exception as e:
+                log.info("a pooled connection was broken (%s): checking the idle ones", describe(e))
+                await self.putconn(conn)  # closed: the pool replaces it
+                await self.check()  # the others the same restart broke, gone before anyone takes them
+                if time.monotonic() >= deadline:
+                    raise PoolTimeout(f"no working connection within {deadline - started:.2f} s") from e
+                continue
+            return conn
+
+
 def create_app(settings: Settings) -> FastAPI:
     """The service for settings: a pool of connections to settings.dsn and one LISTEN connection."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        pool = ServicePool(
             settings.dsn,
             min_size=1,
             max_size=settings.pool_size,
@@ -175,7 +199,6 @@ def create_app(settings: Settings) -> FastAPI:
             timeout=5,
             kwargs={"autocommit": True},
             configure=partial(_configure_connection, settings.statement_timeout),
-            check=_check_connection,
         )
         await pool.open(wait=False)  # the database may come later: requests get 503 until then
         wakeups = Wakeups(settings.dsn, settings.schema)
@@ -208,10 +231,14 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(metrics_router)
     app.state.request_metrics = RequestMetrics()
     app.state.history_metrics = HistoryMetrics()
-    app.add_middleware(TraceContext)  # innermost: a request's traceparent, carried on by its offers
+    app.add_middleware(JsonOnFailure)  # innermost: what no handler answered is JSON 500 all the same
+    app.add_middleware(
+        TraceContext
+    )  # a request's traceparent, carried on by its offers: a request's traceparent, carried on by its offers
     app.add_middleware(CancelOnDisconnect)
     app.add_middleware(app.state.request_metrics.middleware)
     app.add_middleware(BodyLimit, max_body=settings.max_body)
+    app.add_middleware(HeadLimit)
     # outermost: without tokens every Host is checked (DNS rebinding); with them, only if hosts are named
     check_host = settings.tokens is None or bool(settings.allowed_hosts)
     app.add_middleware(BrowserGuard, check_host=check_host, allowed_hosts=settings.allowed_hosts)

@@ -1,9 +1,17 @@
 """Bearer tokens for the HTTP service: each has scopes (produce, consume,
 admin) and the queues it may touch. The tokens file keeps only their SHA-256
-digests; a presented token is compared with every digest in constant time."""
+digests; a presented token is compared with every digest in constant time.
+
+The dashboard's sign-in keeps a session, not the token: NAME.UNTIL.MAC, the
+token's name (base64url), when the session ends (Unix seconds) and an
+HMAC-SHA256, under the server's session key, of both and the token's digest
+(so it ends with the token too). It is no bearer token, the tokens file alone
+cannot make one, and a changed byte is refused (hmac.compare_digest)."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import hashlib
 import hmac
@@ -145,3 +153,45 @@ def find_token(tokens: list[Token], secret: str) -> Token | None:
         if hmac.compare_digest(presented, t.sha256):
             found = t
     return found if found is not None and not found.expired(now) else None
+
+
+SESSION_KEY_BYTES = 32  # the least a session key given in PGDQ_SESSION_KEY may hold
+
+
+def session_key(text: str | None) -> bytes:
+    """The key sessions are signed with: text's bytes (at least SESSION_KEY_BYTES; ValueError
+    otherwise), or without text a random key of this process (a restart signs everyone out)."""
+    if not text:
+        return secrets.token_bytes(SESSION_KEY_BYTES)
+    if len(text.encode()) < SESSION_KEY_BYTES:
+        raise ValueError(f"PGDQ_SESSION_KEY must hold at least {SESSION_KEY_BYTES} bytes (e.g. openssl rand -hex 32)")
+    return text.encode()
+
+
+def _session_mac(key: bytes, name: str, until: str, token: Token) -> str:
+    return hmac.new(key, f"{name}.{until}.{token.sha256}".encode(), hashlib.sha256).hexdigest()
+
+
+def new_session(key: bytes, token: Token, until: datetime) -> str:
+    """A sign-in session of token until then, signed with key (see the module's comment)."""
+    name = base64.urlsafe_b64encode(token.name.encode()).decode().rstrip("=")
+    when = str(int(until.timestamp()))
+    return f"{name}.{when}.{_session_mac(key, name, when, token)}"
+
+
+def find_session(tokens: list[Token], key: bytes, session: str) -> Token | None:
+    """The unexpired token of a session new_session made with key and that has not ended; None
+    for any other value (a token, a changed byte, an ended session, a token since removed)."""
+    name, _, rest = session.partition(".")
+    when, _, mac = rest.partition(".")
+    if not when.isdigit() or int(when) <= datetime.now(UTC).timestamp():
+        return None
+    try:
+        who = base64.urlsafe_b64decode(name + "=" * (-len(name) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    found = None
+    for t in tokens:
+        if t.name == who and hmac.compare_digest(mac.encode(), _session_mac(key, name, when, t).encode()):
+            found = t
+    return found if found is not None and not found.expired(datetime.now(UTC)) else None

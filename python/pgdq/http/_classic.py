@@ -10,6 +10,11 @@ names it, among the topics the caller's token may act on only, after 401
 and 403: no answer tells whether an id exists in a topic the caller may not
 touch, or names such a topic.
 
+A message with no key (sent, 1.2), or whose key starts with "#" (offered
+otherwise: no add may use such an id), is popped as "#ID@TOPIC" (its
+message id and topic), and finish and delete of that form delete that
+message by id (dq_cancel_id) and nothing else.
+
 add_job, pop_jobs and remove_job are the protocol's logic, shared with its
 delay-queue dialect (_delay_queue.py).
 """
@@ -17,6 +22,7 @@ delay-queue dialect (_delay_queue.py).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -42,12 +48,26 @@ _TTR = TypeAdapter(TtrSeconds)
 JobBody = Annotated[JsonValue, AfterValidator(lambda body: shallow(body, MAX_DEPTH - 1))]
 
 
+BY_ID = "#"  # the first character of an id a pop hands out for a message by its id: "#ID@TOPIC"
+_BY_ID = re.compile(r"#([0-9]{1,19})@(.+)", re.DOTALL)
+
+
+def _keyed(value: str) -> str:
+    """value, unless it has the form a pop gives a message by its id."""
+    if value.startswith(BY_ID):
+        raise ValueError(f"ids starting with {BY_ID!r} are reserved: a pop names a message without a key so")
+    return value
+
+
+AddId = Annotated[Key, AfterValidator(_keyed)]
+
+
 class Add(Body):
     """Add a job (or replace the job of that id), due in delay seconds."""
 
     command: Literal["add"]
     topic: Topic
-    id: Key
+    id: AddId
     delay: Seconds = 0
     TTR: TtrSeconds = DEFAULT_TTR
     body: JobBody = None
@@ -166,22 +186,40 @@ async def _lease_for_ttr(request: Request, delivery: AsyncDelivery) -> Job:
         except (PgdqError, psycopg.Error) as e:
             log.warning("cannot lease job %r for its TTR %s s: %s", delivery.key, ttr, e)
             ttr = DEFAULT_TTR
-    # a keyless message (sent, 1.2) has no key: its id stands in, which
-    # finish and delete (by key) do not find yet
-    job_id = delivery.key if delivery.key is not None else str(delivery.id)
-    return Job(id=job_id, value=body, TTR=ttr)
+    return Job(id=_job_id(delivery), value=body, TTR=ttr)
+
+
+def _job_id(delivery: AsyncDelivery) -> str:
+    """The id a pop hands out: the key, or "#ID@TOPIC" for a message without one (or
+    with a key of that reserved form), which finish and delete read back (_by_id)."""
+    if delivery.key is not None and not delivery.key.startswith(BY_ID):
+        return delivery.key
+    return f"{BY_ID}{delivery.id}@{delivery.queue}"
+
+
+def _by_id(job_id: str) -> tuple[int, str] | None:
+    """The message id and topic of an id a pop handed out by message id; None for a key."""
+    found = _BY_ID.fullmatch(job_id)
+    return (int(found[1]), found[2]) if found else None
 
 
 async def remove_job(request: Request, job_id: str, topic: str | None, scope: str) -> bool:
     """Delete the job of job_id from topic, else from the one topic holding it that the
     caller may act on in scope; False if there is none. 401 and 403 come before any
-    lookup, and an id in a topic the caller may not touch is as absent as a missing one."""
+    lookup, and an id in a topic the caller may not touch is as absent as a missing one.
+    An id of the form "#ID@TOPIC" (_job_id) deletes message ID of TOPIC only."""
+    by_id = _by_id(job_id)
     if topic is not None:
         authorize(request, scope, topic)
+        if by_id is not None:
+            return by_id[1] == topic and await _queue(request, topic).cancel_id(by_id[0])
         return await _remove(_queue(request, topic), job_id, scope)
     token = authenticate(request)
     if token is not None and not token.scopes & {scope, "admin"}:
         raise ApiError(403, f"token {token.name!r} has no {scope} scope")
+    if by_id is not None:
+        may = token is None or token.allows(scope, by_id[1])
+        return may and await _queue(request, by_id[1]).cancel_id(by_id[0])
     topic = await _topic_of(request, job_id, token, scope)
     return topic is not None and await _remove(_queue(request, topic), job_id, scope)
 

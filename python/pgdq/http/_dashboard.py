@@ -43,7 +43,7 @@ from .. import AsyncQueue
 from ..codec import UnreadableJson
 from ..model import DeadLetter, HistoryBucket, HistoryRecord, MessageInfo, PeekedMessage, QueueStats
 from ._access import TOKEN_COOKIE, ApiError, authorize, presented_token
-from ._auth import Token, find_token
+from ._auth import Token, find_token, new_session
 from ._guard import SAFE_METHODS
 from ._metrics import _UNAVAILABLE, history_statement
 from ._v1 import INFINITY, MINUS_INFINITY, QueueName, SegmentRoute, _client, _queue
@@ -446,8 +446,38 @@ async def queue_page(request: Request, queue: QueueName) -> Response:
     """One queue: counts, pause, history, the next 24 hours, channels, schedules, dead letters."""
     if _needs_login(request):
         return RedirectResponse("/login", status_code=303)
-    authorize(request, "consume", queue)
-    return _page(request, "queue.html", await _summary_context(request, queue))
+    _readable(request, queue)
+    context = await _summary_context(request, queue)
+    if not _exists(context):
+        raise _no_such_queue()
+    return _page(request, "queue.html", context)
+
+
+def _no_such_queue() -> ApiError:
+    """The 404 of a queue that does not exist, and of one the caller may not read (so as not to tell them apart)."""
+    # the queue is not named: the answer for one the caller may not read must be the same, whatever it is called
+    return ApiError(
+        404, "No such queue: none of that name has messages, dead letters, schedules, channels or settings."
+    )
+
+
+def _readable(request: Request, queue: str) -> None:
+    """Refuse a page of queue as _no_such_queue (401 as ever) unless the caller may read it."""
+    try:
+        authorize(request, "consume", queue)
+    except ApiError as e:
+        if e.status != 403:
+            raise
+        raise _no_such_queue() from None
+
+
+def _exists(summary: dict[str, Any]) -> bool:
+    """True if a queue's summary (_summary_context) shows it exists: messages, a setting
+    (paused, history), channels, schedules or dead letters."""
+    stats, retention = summary["stats"], summary["retention"]
+    settings = stats.paused or retention.keep is not None or retention.kept is not None
+    held = stats.ready or stats.delayed or stats.leased or summary["dead_letters"]
+    return bool(held or settings or summary["channels"] or summary["schedules"])
 
 
 @router.get("/dashboard/queues/{queue}", response_class=HTMLResponse)
@@ -705,7 +735,7 @@ async def login_form(request: Request) -> Response:
 
 @router.post("/login", response_class=HTMLResponse)
 async def login(request: Request) -> Response:
-    """Keep a valid token in an HttpOnly, SameSite=Strict cookie and go to the overview."""
+    """Keep a session of a valid token (not the token) in an HttpOnly, SameSite=Strict cookie; go to the overview."""
     raw = await request.body()
     if len(raw) > LOGIN_BODY_LIMIT:
         raise ApiError(413, f"the login form is over {LOGIN_BODY_LIMIT} bytes")
@@ -719,7 +749,9 @@ async def login(request: Request) -> Response:
         return templates.TemplateResponse(request, "login.html", context, status_code=401)
     answer = RedirectResponse("/", status_code=303)
     secure = request.url.scheme == "https"
-    answer.set_cookie(TOKEN_COOKIE, secret, httponly=True, samesite="strict", secure=secure, max_age=_cookie_age(token))
+    age = _cookie_age(token)
+    session = new_session(request.app.state.settings.session_key, token, datetime.now(UTC) + timedelta(seconds=age))
+    answer.set_cookie(TOKEN_COOKIE, session, httponly=True, samesite="strict", secure=secure, max_age=age)
     # a new session, a new CSRF token
     answer.set_cookie(CSRF_COOKIE, secrets.token_urlsafe(32), httponly=True, samesite="strict", secure=secure)
     return answer

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from pydantic import AfterValidator, BaseModel, Field
 
 from ._access import DELAY_QUEUE_PATHS
-from ._classic import DEFAULT_TTR, Topic, TtrSeconds, add_job, pop_jobs, remove_job
+from ._classic import DEFAULT_TTR, AddId, Topic, TtrSeconds, add_job, pop_jobs, remove_job
 from ._models import MAX_WAIT, Body, Key, Number, Seconds
 
 PUSH, POP, FINISH, DELETE = DELAY_QUEUE_PATHS
@@ -53,7 +53,7 @@ class Push(Body):
     """Add a job (or replace the job of that id in its topic), due in delay seconds."""
 
     topic: Annotated[Topic, AfterValidator(_one_topic)]
-    id: Key
+    id: AddId
     delay: Seconds = 0
     ttr: TtrSeconds = DEFAULT_TTR
     body: str = ""

@@ -1,5 +1,6 @@
-"""The service's own ASGI middleware: the body limit (413) and cancelling a
-request whose client went away (so its statement stops on the server)."""
+"""The service's own ASGI middleware: the head (431) and body (413) limits, cancelling a
+request whose client went away (so its statement stops on the server), and
+the last resort for a failure no handler answers (a JSON 500, logged)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,46 @@ from urllib.parse import quote
 from ._access import error_response
 
 log = logging.getLogger("pgdq.http")
+
+
+class _HttpMiddleware:
+    """ASGI middleware that handles HTTP requests (handle) and passes anything else on untouched."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await self.handle(scope, receive, send)
+
+    async def handle(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        """Handle one HTTP request."""
+        raise NotImplementedError
+
+
+MAX_HEAD = 16 * 1024  # bytes of a request head (request line and headers): over it, 431 (or 400, _server)
+
+
+class HeadLimit(_HttpMiddleware):
+    """ASGI middleware: a request whose head (request line and headers, as sent)
+    is over MAX_HEAD bytes gets 431, whatever the HTTP parser let through
+    (a whole head read in one piece is never counted against its bound)."""
+
+    async def handle(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if head_size(scope) > MAX_HEAD:
+            response = error_response(scope["path"], 431, f"the request head is over {MAX_HEAD} bytes")
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def head_size(scope: dict[str, Any]) -> int:
+    """The bytes of a request's head as sent: "METHOD TARGET HTTP/1.1", each "name: value", CRLFs."""
+    target = len(scope.get("raw_path") or scope["path"].encode()) + len(scope.get("query_string", b""))
+    line = len(scope["method"]) + 1 + target + (1 if scope.get("query_string") else 0) + 11
+    return line + sum(len(name) + len(value) + 4 for name, value in scope["headers"]) + 2
 
 
 class BodyLimit:
@@ -59,6 +100,30 @@ class BodyLimit:
         await response(scope, _no_body, send)
 
 
+class JsonOnFailure(_HttpMiddleware):
+    """ASGI middleware: an exception no handler answered (a bug, an answer that
+    cannot be serialised) is logged with its traceback and answered as JSON 500
+    {"error"} (in the protocol's shape on its paths), never as bare text; once
+    an answer has started, it can only be cut short (the client sees the close)."""
+
+    async def handle(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        started = False
+
+        async def noting(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, noting)
+        except Exception:
+            log.exception("%s %s failed", scope["method"], quote(scope["path"]))
+            if started:
+                raise
+            response = error_response(scope["path"], 500, "the server failed to answer this request; see its log")
+            await response(scope, receive, send)
+
+
 async def _no_body() -> dict[str, Any]:
     return {"type": "http.request", "body": b"", "more_body": False}
 
@@ -69,19 +134,13 @@ CLIENT_GONE = 499
 WATCH_AFTER = 0.05
 
 
-class CancelOnDisconnect:
+class CancelOnDisconnect(_HttpMiddleware):
     """ASGI middleware: a client that goes away before its answer is complete
     has its request cancelled (psycopg then cancels the running statement on
     the server, so the pooled connection comes back idle); the middleware
     around it (metrics) sees CLIENT_GONE."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
         exchange = _Exchange(receive, send)
         if not _has_body(scope):  # the app may never read it: read it here, so the watch can start
             exchange.pending.append(await receive())

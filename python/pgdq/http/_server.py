@@ -2,7 +2,9 @@
 (about a third less server CPU a request than h11 on the 2 vCPU machine of
 bench/RESULTS.md, "W9: a leaner hot path") with the bound h11 has on a
 request head: one still unfinished after MAX_HEAD bytes gets 400 and the
-connection closes (httptools alone would buffer megabytes of it)."""
+connection closes (httptools alone would buffer megabytes of it). A whole
+head over MAX_HEAD read at once passes here and gets 431 from the app
+(_middleware.HeadLimit), with either parser."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-MAX_HEAD = 16 * 1024  # bytes of a request head that may wait unparsed (a slow or endless head: 400)
+from ._middleware import MAX_HEAD  # bytes of a request head that may wait unparsed (a slow or endless head: 400)
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
