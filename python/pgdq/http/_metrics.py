@@ -156,7 +156,8 @@ BOUNDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
 MEASURES = ("lateness", "run")
 
 # The one statement of a scrape: the database's clock, and for each queue
-# with retention (dq_queues.retain: no function lists them) its minutes
+# with retention (dq_queues.retain: no function lists them; only those of
+# names when given: the dashboard's page of queues) its minutes
 # from since (NULL: the current minute) on, none for a queue without records
 # there: a row of outcome counts (measure NULL) per minute from
 # dq_history_stats, and a row per measure and bin from dq_history_bins.
@@ -181,7 +182,7 @@ _HISTORY = """SELECT n.now_at, h.queue, h.bucket_at, h.acked, h.dead, h.cancelle
             SELECT x.minute_at, NULL, NULL, NULL, x.measure, x.bin, x.n
             FROM {bins}(r.queue, f.since_at) AS x
         ) AS b ON true
-        WHERE r.retain IS NOT NULL
+        WHERE r.retain IS NOT NULL AND (%(names)s::text[] IS NULL OR r.queue = ANY(%(names)s::text[]))
     ) AS h ON true
     ORDER BY h.queue, h.bucket_at"""
 
@@ -291,7 +292,8 @@ class HistoryMetrics:
         """Read the history (one statement on conn) and return the metric
         families; none where it cannot be read (logged once)."""
         try:
-            cursor = await conn.execute(history_statement(schema), {"since": self._mark, "span": MAX_SPAN})
+            params = {"since": self._mark, "span": MAX_SPAN, "names": None}
+            cursor = await conn.execute(history_statement(schema), params)
             rows = await cursor.fetchall()
         except _UNAVAILABLE as e:
             if not self._warned:
