@@ -1,7 +1,7 @@
 -- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
 -- defaults, security settings, the dq_delivery type, dq_now and dq_version.
 BEGIN;
-SELECT plan(142);
+SELECT plan(140);
 
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
@@ -202,13 +202,8 @@ INSERT INTO expected VALUES
 ),
 -- running and retrying messages, releasing a lease, failures over time (1.3, the dashboard's)
 (
-    'dq_running',
-    'queue text, max_count integer DEFAULT 100',
-    'TABLE(id bigint, key text, channel text, priority integer, attempts integer, leased_at timestamp with time zone, due_at timestamp with time zone, last_error text)'  -- noqa: LT05
-),
-(
-    'dq_retrying',
-    'queue text, max_count integer DEFAULT 100',
+    'dq_deliveries',
+    'queue text, which text, max_count integer DEFAULT 100',
     'TABLE(id bigint, key text, channel text, priority integer, attempts integer, leased_at timestamp with time zone, due_at timestamp with time zone, last_error text)'  -- noqa: LT05
 ),
 (

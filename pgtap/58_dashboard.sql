@@ -1,8 +1,8 @@
--- What operators look for (1.3, the dashboard's): dq_running, dq_retrying,
+-- What operators look for (1.3, the dashboard's): dq_deliveries,
 -- dq_delivery_of, dq_release (a stuck lease released without its token) and
 -- dq_dead_counts (failures over time, history kept or not).
 BEGIN;
-SELECT plan(28);
+SELECT plan(30);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 -- a: leased at 10:00 for an hour; b: leased at 10:05 and nacked with an error;
@@ -20,25 +20,28 @@ SELECT dq_offer('t_dash', 'd', '4', '2024-01-01 09:00+00', TRUE, 'ch');
 CREATE TEMP TABLE ld AS SELECT * FROM dq_poll('t_dash', '10 minutes');
 
 SELECT results_eq(
-    $$SELECT key, channel, attempts, leased_at, due_at FROM dq_running('t_dash')$$,
+    $$SELECT key, channel, attempts, leased_at, due_at FROM dq_deliveries('t_dash', 'running')$$,
     $$VALUES ('a', NULL, 1, '2024-01-01 10:00+00'::timestamptz, '2024-01-01 11:00+00'::timestamptz),
         ('d', 'ch', 1, '2024-01-01 10:06+00', '2024-01-01 10:16+00')$$,
-    'dq_running: the leases that run, oldest delivery first, channeled ones too'
+    'dq_deliveries running: the leases that run, oldest delivery first, channeled ones too'
 );
 SELECT results_eq(
-    $$SELECT key, attempts, leased_at, due_at, last_error FROM dq_retrying('t_dash')$$,
+    $$SELECT key, attempts, leased_at, due_at, last_error FROM dq_deliveries('t_dash', 'retrying')$$,
     $$VALUES ('b', 1, '2024-01-01 10:05+00'::timestamptz, '2024-01-01 10:30+00'::timestamptz,
         E'boom\nat line 2\nValueError: bad')$$,
-    'dq_retrying: tried, not leased, with its last error whole'
+    'dq_deliveries retrying: tried, not leased, with its last error whole'
 );
-SELECT is((SELECT count(*)::int FROM dq_running('t_dash', 1)), 1, 'dq_running: max_count');
+SELECT is((SELECT count(*)::int FROM dq_deliveries('t_dash', 'running', 1)), 1, 'dq_deliveries running: max_count');
 SELECT is(
     (SELECT row(key, attempts, due_at, last_error)::text FROM dq_delivery_of('t_dash', (SELECT id FROM la))),
     row('a', 1, '2024-01-01 11:00+00'::timestamptz, NULL::text)::text,
     'dq_delivery_of: one live message by id'
 );
+CREATE TEMP TABLE lb AS
+SELECT id FROM dq_messages
+WHERE queue = 't_dash' AND key = 'b';
 SELECT is(
-    (SELECT last_error FROM dq_delivery_of('t_dash', (SELECT id FROM dq_messages WHERE queue = 't_dash' AND key = 'b'))),
+    (SELECT last_error FROM dq_delivery_of('t_dash', (SELECT id FROM lb))),
     E'boom\nat line 2\nValueError: bad',
     'dq_delivery_of: its last error'
 );
@@ -47,10 +50,10 @@ SELECT is((SELECT count(*)::int FROM dq_delivery_of('t_other', (SELECT id FROM l
 -- an expired lease is neither running nor (until it is leased again) more than ready
 SELECT set_config('dq.now', '2024-01-01 10:20:00+00', TRUE);
 SELECT is(
-    (SELECT array_agg(key ORDER BY key) FROM dq_running('t_dash')), ARRAY['a'], 'a lease that ended is not running'
+    (SELECT array_agg(key ORDER BY key) FROM dq_deliveries('t_dash', 'running')), ARRAY['a'], 'a lease that ended is not running'
 );
 SELECT is(
-    (SELECT array_agg(key ORDER BY key) FROM dq_retrying('t_dash')), ARRAY['b', 'd'],
+    (SELECT array_agg(key ORDER BY key) FROM dq_deliveries('t_dash', 'retrying')), ARRAY['b', 'd'],
     'and is retrying (tried, not leased)'
 );
 
@@ -66,10 +69,16 @@ SELECT results_eq(
 SELECT is(dq_ack((SELECT lock_token FROM la)), FALSE, 'its holder''s ack fails');
 SELECT is((SELECT ready::int FROM dq_stats('t_dash')), 2, 'the counts follow (a and d ready)');
 SELECT is((SELECT key FROM dq_poll('t_dash', '1 minute')), 'a', 'and a poll leases it again');
-UPDATE dq_messages SET last_error = 'kept' WHERE queue = 't_dash' AND key = 'a';
+UPDATE dq_messages SET last_error = 'kept'
+WHERE queue = 't_dash' AND key = 'a';
 SELECT dq_release('t_dash', (SELECT id FROM la));
 SELECT is(
-    (SELECT last_error FROM dq_messages WHERE queue = 't_dash' AND key = 'a'), 'kept', 'dq_release keeps the last error'
+    (
+        SELECT last_error FROM dq_messages
+        WHERE queue = 't_dash' AND key = 'a'
+    ),
+    'kept',
+    'dq_release keeps the last error'
 );
 SELECT is(dq_release('t_dash', (SELECT id FROM la)), FALSE, 'releasing it again: false');
 
@@ -99,8 +108,13 @@ SELECT is(
 );
 
 -- bad input: 22023 / 22004 naming the argument
-SELECT throws_ok($$SELECT * FROM dq_running('t_dash', 0)$$, '22023', 'pgdq: max_count must be 1 to 1000, got 0', 'dq_running: max_count 0');
-SELECT throws_ok($$SELECT * FROM dq_retrying('', 5)$$, '22023', NULL, 'dq_retrying: an empty queue name');
+SELECT throws_ok(
+    $$SELECT * FROM dq_deliveries('t_dash', 'running', 0)$$, '22023', 'pgdq: max_count must be 1 to 1000, got 0',
+    'dq_deliveries: max_count 0'
+);
+SELECT throws_ok($$SELECT * FROM dq_deliveries('', 'retrying', 5)$$, '22023', NULL, 'dq_deliveries: an empty queue name');
+SELECT throws_ok($$SELECT * FROM dq_deliveries('t_dash', 'stuck')$$, '22023', NULL, 'dq_deliveries: an unknown which');
+SELECT throws_ok($$SELECT * FROM dq_deliveries('t_dash', NULL)$$, '22004', NULL, 'dq_deliveries: which NULL');
 SELECT throws_ok($$SELECT * FROM dq_delivery_of('t_dash', NULL)$$, '22004', NULL, 'dq_delivery_of: id NULL');
 SELECT throws_ok($$SELECT dq_release('t_dash', NULL)$$, '22004', NULL, 'dq_release: id NULL');
 SELECT throws_ok(

@@ -4622,14 +4622,16 @@ AS $$
     WHERE o.outcome OPERATOR(pg_catalog.=) ANY (ARRAY['acked', 'dead', 'cancelled', 'purged'])
 $$;
 
--- One queue's messages in a condition (which: 'running', a lease that still
--- runs, oldest delivery first; 'retrying', not leased and tried before,
--- earliest retry first), up to max_count: id, key, channel ('' as NULL)
--- and priority, attempts, when its current or last delivery began (NULL:
+-- Queue's messages in a condition (which: 'running', a lease that still
+-- runs, oldest delivery first; 'retrying', tried before (attempts > 0: a
+-- nack, or a lease that ended unacked) and not leased now, earliest retry
+-- first), up to max_count (1..1000): id, key, channel (NULL: none) and
+-- priority, attempts, when its current or last delivery began (NULL:
 -- before 1.2, or never delivered), its due time (a running lease's end),
--- its last error. Reads the queue's ranges of both poll indexes (every
--- message of the queue, as dq_stats(queue) does). Inlines.
-CREATE OR REPLACE FUNCTION dq__deliveries(queue text, which text, max_count integer) RETURNS TABLE (
+-- its last error. What consumers hold now and for how long; what keeps
+-- failing. Reads the queue's ranges of both poll indexes (every message
+-- of the queue, as dq_stats(queue) does).
+CREATE OR REPLACE FUNCTION dq_deliveries(queue text, which text, max_count integer DEFAULT 100) RETURNS TABLE (
     id bigint,
     key text,
     channel text,
@@ -4640,67 +4642,29 @@ CREATE OR REPLACE FUNCTION dq__deliveries(queue text, which text, max_count inte
     last_error text
 )
 LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
 AS $$
+    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
+    SELECT @extschema@.dq__check_queue(dq_deliveries.queue);
+    SELECT @extschema@.dq__null_check(dq_deliveries.which IS NULL, 'which');
+    SELECT @extschema@.dq__check_one_of(dq_deliveries.which, 'which', ARRAY['running', 'retrying']);
+    SELECT @extschema@.dq__check_between(dq_deliveries.max_count, 'max_count', 1, 1000);
     SELECT m.id, m.key::text, nullif(m.channel, '')::text, m.priority, m.attempts, m.leased_at, m.due_at, m.last_error
     FROM @extschema@.dq_messages AS m
     CROSS JOIN @extschema@.dq_now() AS n (now_at)
-    WHERE m.queue = dq__deliveries.queue
+    WHERE m.queue = dq_deliveries.queue
         AND @extschema@.dq__in_poll_indexes(m.channel, m.priority)
-        AND CASE dq__deliveries.which
+        AND CASE dq_deliveries.which
             WHEN 'running' THEN @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)
-            ELSE m.attempts OPERATOR(pg_catalog.>) 0
-                AND NOT @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)
+            ELSE m.attempts > 0 AND NOT @extschema@.dq__is_leased(m.lock_token, m.due_at, n.now_at)
         END
     ORDER BY
-        CASE WHEN dq__deliveries.which = 'running' THEN m.leased_at END NULLS FIRST,
+        CASE WHEN dq_deliveries.which = 'running' THEN m.leased_at END NULLS FIRST,
         m.due_at, m.id
-    LIMIT dq__deliveries.max_count;
+    LIMIT dq_deliveries.max_count;
 $$;
 
--- The messages of queue whose lease still runs (max_count 1..1000), oldest
--- delivery first: what consumers hold now, and for how long.
-CREATE OR REPLACE FUNCTION dq_running(queue text, max_count integer DEFAULT 100) RETURNS TABLE (
-    id bigint,
-    key text,
-    channel text,
-    priority integer,
-    attempts integer,
-    leased_at timestamptz,
-    due_at timestamptz,
-    last_error text
-)
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
-    SELECT @extschema@.dq__check_queue(dq_running.queue);
-    SELECT @extschema@.dq__check_between(dq_running.max_count, 'max_count', 1, 1000);
-    SELECT * FROM @extschema@.dq__deliveries(dq_running.queue, 'running', dq_running.max_count);
-$$;
-
--- The messages of queue tried before and not leased now (attempts > 0: a
--- nack, or a lease that ended unacked), earliest retry first (max_count
--- 1..1000): what keeps failing, with its last error.
-CREATE OR REPLACE FUNCTION dq_retrying(queue text, max_count integer DEFAULT 100) RETURNS TABLE (
-    id bigint,
-    key text,
-    channel text,
-    priority integer,
-    attempts integer,
-    leased_at timestamptz,
-    due_at timestamptz,
-    last_error text
-)
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
-    SELECT @extschema@.dq__check_queue(dq_retrying.queue);
-    SELECT @extschema@.dq__check_between(dq_retrying.max_count, 'max_count', 1, 1000);
-    SELECT * FROM @extschema@.dq__deliveries(dq_retrying.queue, 'retrying', dq_retrying.max_count);
-$$;
-
--- Queue's live message id as dq_running shows one (any condition): its
+-- Queue's live message id as dq_deliveries shows one (any condition): its
 -- attempts, last delivery and last error; no row when there is none.
 CREATE OR REPLACE FUNCTION dq_delivery_of(queue text, id bigint) RETURNS TABLE (
     id bigint,

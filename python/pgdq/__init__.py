@@ -23,8 +23,8 @@ from .errors import (
 from .install import install, uninstall
 from .model import (
     ChannelInfo,
-    DeadLetter,
     DeadCount,
+    DeadLetter,
     DeadLetterStats,
     DeliveryInfo,
     DueHour,

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Self
+from typing import Any, Literal, Self
 from uuid import UUID
 
 import psycopg
@@ -25,8 +25,8 @@ from .codec import Codec, JsonCodec, dumps_array
 from .errors import PayloadDecodeError, StaleToken, translate
 from .model import (
     ChannelInfo,
-    DeadLetter,
     DeadCount,
+    DeadLetter,
     DeadLetterStats,
     DecodedPayload,
     DeliveryInfo,
@@ -570,15 +570,14 @@ class AsyncQueue(_AsyncBase):
         was delayed; a leased or due message is left as it is (False)."""
         return bool(await self._value("run_now", (self.name, st.message_id(id)), conn))
 
-    async def running(self, max_count: int = 100, *, conn: AsyncConnection[Any] | None = None) -> list[DeliveryInfo]:
-        """The messages whose lease runs now (up to max_count, 1..1000), oldest
-        delivery first (dq_running, 1.3)."""
-        return [DeliveryInfo(*row) for row in await self._rows("running", (self.name, max_count), conn)]
-
-    async def retrying(self, max_count: int = 100, *, conn: AsyncConnection[Any] | None = None) -> list[DeliveryInfo]:
-        """The messages tried before and not leased now (up to max_count,
-        1..1000), earliest retry first, with their last error (dq_retrying, 1.3)."""
-        return [DeliveryInfo(*row) for row in await self._rows("retrying", (self.name, max_count), conn)]
+    async def deliveries(
+        self, which: Literal["running", "retrying"], max_count: int = 100, *, conn: AsyncConnection[Any] | None = None
+    ) -> list[DeliveryInfo]:
+        """Up to max_count (1..1000) messages whose lease runs now, oldest
+        delivery first (which "running"), or that were tried before and wait
+        for a retry, earliest first, with their last error ("retrying")
+        (dq_deliveries, 1.3)."""
+        return [DeliveryInfo(*row) for row in await self._rows("deliveries", (self.name, which, max_count), conn)]
 
     async def delivery_of(self, id: int, *, conn: AsyncConnection[Any] | None = None) -> DeliveryInfo | None:
         """The live message id's attempts, last delivery and last error; None

@@ -108,8 +108,7 @@ _TEMPLATES: dict[str, str] = {
     "history": "SELECT * FROM {fn}(%s, %s::text, %s::integer)",
     "history_stats": "SELECT * FROM {fn}(%s, %s::timestamptz, %s::interval)",
     # running and retrying messages, releasing a lease, failures over time (1.3)
-    "running": "SELECT * FROM {fn}(%s, %s::integer)",
-    "retrying": "SELECT * FROM {fn}(%s, %s::integer)",
+    "deliveries": "SELECT * FROM {fn}(%s, %s::text, %s::integer)",
     "delivery_of": "SELECT * FROM {fn}(%s, %s::bigint)",
     "release": "SELECT {fn}(%s, %s::bigint)",
     "dead_counts": "SELECT * FROM {fn}(%s::text, %s::timestamptz, %s::interval)",

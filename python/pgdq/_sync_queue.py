@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Self
+from typing import Any, Literal, Self
 from uuid import UUID
 
 import psycopg
@@ -559,15 +559,14 @@ class Queue(_Base):
         was delayed; a leased or due message is left as it is (False)."""
         return bool(self._value("run_now", (self.name, st.message_id(id)), conn))
 
-    def running(self, max_count: int = 100, *, conn: Connection[Any] | None = None) -> list[DeliveryInfo]:
-        """The messages whose lease runs now (up to max_count, 1..1000), oldest
-        delivery first (dq_running, 1.3)."""
-        return [DeliveryInfo(*row) for row in self._rows("running", (self.name, max_count), conn)]
-
-    def retrying(self, max_count: int = 100, *, conn: Connection[Any] | None = None) -> list[DeliveryInfo]:
-        """The messages tried before and not leased now (up to max_count,
-        1..1000), earliest retry first, with their last error (dq_retrying, 1.3)."""
-        return [DeliveryInfo(*row) for row in self._rows("retrying", (self.name, max_count), conn)]
+    def deliveries(
+        self, which: Literal["running", "retrying"], max_count: int = 100, *, conn: Connection[Any] | None = None
+    ) -> list[DeliveryInfo]:
+        """Up to max_count (1..1000) messages whose lease runs now, oldest
+        delivery first (which "running"), or that were tried before and wait
+        for a retry, earliest first, with their last error ("retrying")
+        (dq_deliveries, 1.3)."""
+        return [DeliveryInfo(*row) for row in self._rows("deliveries", (self.name, which, max_count), conn)]
 
     def delivery_of(self, id: int, *, conn: Connection[Any] | None = None) -> DeliveryInfo | None:
         """The live message id's attempts, last delivery and last error; None

@@ -184,7 +184,7 @@ class DeadLetterStats:
 @dataclass(frozen=True)
 class DeliveryInfo:
     """A live message as an operator looks at its deliveries (a row of
-    dq_running, dq_retrying or dq_delivery_of, 1.3): channel None for none;
+    dq_deliveries or dq_delivery_of, 1.3): channel None for none;
     leased_at when its current or last delivery began (None: never, or
     before 1.2); due_at when it is due, or a running lease's end."""
 
