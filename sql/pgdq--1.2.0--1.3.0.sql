@@ -4716,29 +4716,6 @@ BEGIN
 END
 $$;
 
--- The dead letters kept that failed from since on, per bucket (1 minute to
--- 1 day, at most 10000 buckets up to now) by their failed_at, per queue
--- (queue NULL: every queue), only buckets with some: failures over time
--- for every queue, history kept or not. A dead letter redriven or purged
--- is no longer counted. Reads the failed_at index from since on.
-CREATE OR REPLACE FUNCTION dq_dead_counts(queue text, since timestamptz, bucket interval) RETURNS TABLE (
-    queue text,
-    bucket_at timestamptz,
-    dead bigint
-)
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT @extschema@.dq__check_queue(dq_dead_counts.queue) WHERE dq_dead_counts.queue IS NOT NULL;
-    SELECT @extschema@.dq__check_dead_bucket(dq_dead_counts.since, dq_dead_counts.bucket);
-    SELECT d.queue::text, pg_catalog.date_bin(dq_dead_counts.bucket, d.failed_at, 'epoch'), count(*)
-    FROM @extschema@.dq_dead_letters AS d
-    WHERE (dq_dead_counts.queue IS NULL OR d.queue = dq_dead_counts.queue)
-        AND d.failed_at >= pg_catalog.date_bin(dq_dead_counts.bucket, dq_dead_counts.since, 'epoch')
-    GROUP BY 1, 2
-    ORDER BY 1, 2;
-$$;
-
 -- Raise 22004/22023 unless since is a readable time and bucket is 1 minute
 -- to 1 day, at most 10000 of them from since up to now (dq_dead_counts').
 CREATE OR REPLACE FUNCTION dq__check_dead_bucket(since timestamptz, bucket interval) RETURNS void
@@ -4761,6 +4738,29 @@ BEGIN
             );
     END IF;
 END
+$$;
+
+-- The dead letters kept that failed from since on, per bucket (1 minute to
+-- 1 day, at most 10000 buckets up to now) by their failed_at, per queue
+-- (queue NULL: every queue), only buckets with some: failures over time
+-- for every queue, history kept or not. A dead letter redriven or purged
+-- is no longer counted. Reads the failed_at index from since on.
+CREATE OR REPLACE FUNCTION dq_dead_counts(queue text, since timestamptz, bucket interval) RETURNS TABLE (
+    queue text,
+    bucket_at timestamptz,
+    dead bigint
+)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT @extschema@.dq__check_queue(dq_dead_counts.queue) WHERE dq_dead_counts.queue IS NOT NULL;
+    SELECT @extschema@.dq__check_dead_bucket(dq_dead_counts.since, dq_dead_counts.bucket);
+    SELECT d.queue::text, pg_catalog.date_bin(dq_dead_counts.bucket, d.failed_at, 'epoch'), count(*)
+    FROM @extschema@.dq_dead_letters AS d
+    WHERE (dq_dead_counts.queue IS NULL OR d.queue = dq_dead_counts.queue)
+        AND d.failed_at >= pg_catalog.date_bin(dq_dead_counts.bucket, dq_dead_counts.since, 'epoch')
+    GROUP BY 1, 2
+    ORDER BY 1, 2;
 $$;
 
 -- Raise 22004/22023 unless part is 1..max_length characters without '/'.
