@@ -175,6 +175,8 @@ def test_keyless_actions_need_admin_on_the_queue(database: str, q: Queue, tmp_pa
 
 def test_tokens_login_and_scopes(browser: sync_api.Browser, database: str, q: Queue, tmp_path: Path) -> None:
     _fill(q)
+    other = Queue(f"{q.name[:90]}-other", database)
+    _bury(other, 2, "boom")  # another queue's failures: not the reader's to see
     secrets = make_tokens(tmp_path / "tokens.json", {"reader": (["consume"], [q.name])})
     s = serve(database, "--tokens", str(tmp_path / "tokens.json"))
     try:
@@ -188,6 +190,10 @@ def test_tokens_login_and_scopes(browser: sync_api.Browser, database: str, q: Qu
         page.fill('input[name="token"]', secrets["reader"])
         page.click('button[type="submit"]')
         page.locator(f'tr[data-queue="{q.name}"]').wait_for()
+        assert page.locator(f'tr[data-queue="{other.name}"]').count() == 0
+        assert page.locator('#failure-totals [data-field="failed-day"]').inner_text() == "1", (
+            "its queue's failures only"
+        )
         cookie = next(c for c in page.context.cookies() if c["name"] == "pgdq_token")
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
         page.goto(f"{s.url}/queues/{q.name}")
@@ -204,6 +210,8 @@ def test_tokens_login_and_scopes(browser: sync_api.Browser, database: str, q: Qu
         assert httpx.get(f"{s.url}/dashboard/queues/{q.name}").status_code == 401
     finally:
         s.stop()
+        other.purge_dead_letters()
+        other.close()
 
 
 def test_bad_input_is_4xx(server: Server, q: Queue) -> None:
@@ -811,15 +819,17 @@ def test_failures_over_time_without_history(browser: sync_api.Browser, server: S
             pinned.offer_many([(f"f-{hours_ago}-{n}", n) for n in range(count)])
             for d in pinned.poll_many(count):
                 d.dead_letter("boom")
+    with Client(database) as client:  # the overview counts every queue's
+        since = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=23)
+        every = sum(c.dead for c in client.dead_counts(since, timedelta(hours=1)))
     page = browser.new_page()
     page.goto(f"{server.url}/?search={q.name}")
-    sync_api.expect(page.locator('#failure-totals [data-field="failed-day"]')).to_have_text("6")
-    assert page.locator('#failure-totals [data-field="failed-hour"]').inner_text() == "2"
-    assert page.locator(f'tr[data-queue="{q.name}"] [data-field="failed-day"]').inner_text() == "6"
-    drawn = _drawn(page, "failure-chart")
-    assert drawn == {(now - timedelta(hours=3)).strftime("%H:00"): [4], now.strftime("%H:00"): [2]}
+    sync_api.expect(page.locator(f'tr[data-queue="{q.name}"] [data-field="failed-day"]')).to_have_text("6")
+    assert page.locator('#failure-totals [data-field="failed-day"]').inner_text() == f"{every:,}" and every >= 6
     page.goto(f"{server.url}/queues/{q.name}")
     sync_api.expect(page.locator('[data-field="failed-day"] b')).to_have_text("6")
+    assert page.locator('[data-field="failed-hour"] b').inner_text() == "2"
+    drawn = {(now - timedelta(hours=3)).strftime("%H:00"): [4], now.strftime("%H:00"): [2]}
     assert _drawn(page, "failure-chart") == drawn
     page.close()
 

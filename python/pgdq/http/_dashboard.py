@@ -27,10 +27,10 @@ import json
 import re
 import secrets
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 from urllib.parse import parse_qs, quote, urlencode
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -43,6 +43,7 @@ from psycopg.adapt import PyFormat
 from psycopg.types.datetime import DatetimeDumper
 
 from .. import AsyncQueue
+from ..errors import SqlMissing
 from ..model import DeadLetter, DeliveryInfo, HistoryBucket, HistoryRecord, MessageInfo, PeekedMessage, QueueStats
 from ._access import TOKEN_COOKIE, ApiError, authorize, presented_token
 from ._auth import Token, find_token
@@ -63,6 +64,7 @@ DEAD_SHOWN = 100  # dead letters listed on a queue's page (oldest first)
 OVERVIEW_PAGE = 100  # queues on a page of the overview (the totals count every queue)
 ERROR_LINE = 160  # characters of an error's last line shown before "more"
 MINUTE, HOUR = timedelta(minutes=1), timedelta(hours=1)
+_T = TypeVar("_T")
 
 # The CSRF token: a random value per browser session in an HttpOnly,
 # SameSite=Strict cookie, written into every page (the body's hx-headers),
@@ -430,7 +432,7 @@ async def _overview_context(request: Request, shown: OverviewPage) -> dict[str, 
     now = datetime.now(UTC)
     grid = _grid(now, MINUTE, 60)
     history = await _retained_minutes(request, grid[0], page)
-    failures = await _failures_context(request, page if len(found) > len(page) or shown.search else None, now)
+    failures = await _failures_context(request, names, now)
     empty = QueueStats("", 0, 0, 0, None, None)
     rows = [
         QueueRow(
@@ -521,8 +523,8 @@ async def _summary_context(request: Request, queue: str, notice: str = "") -> di
             [("messages falling due", "#4f7fd9", [h.due for h in hours])],
         ),
         "working": WORKING,
-        "running": await q.deliveries("running", WORKING),
-        "retrying": await q.deliveries("retrying", WORKING),
+        "running": await _unless_missing(q.deliveries("running", WORKING)),
+        "retrying": await _unless_missing(q.deliveries("retrying", WORKING)),
         **await _failures_context(request, [queue], clock["now"]),
         "channels": await q.channels(),
         "schedules": await q.schedules(),
@@ -533,26 +535,35 @@ async def _summary_context(request: Request, queue: str, notice: str = "") -> di
     }
 
 
-async def _failures_context(request: Request, queues: list[str] | None, now: datetime) -> dict[str, Any]:
-    """Failures over time by the dead letters' own times (history kept or not): of queues (None:
-    every one), those kept that failed in each hour of the last 24 (a chart), in the last hour and
-    the last 24 hours (in all, and by queue: failed_by)."""
+async def _unless_missing(read: Awaitable[_T]) -> _T | None:
+    """read's result; None where the database lacks the SQL it calls (1.3's: a PL/Proxy router, older SQL)."""
+    try:
+        return await read
+    except SqlMissing:
+        return None
+
+
+async def _failures_context(request: Request, queues: list[str], now: datetime) -> dict[str, Any]:
+    """Failures over time by the dead letters' own times (history kept or not): of queues (those this
+    token may read), those kept that failed in each hour of the last 24 (a chart), in the last hour and
+    the last 24 hours (in all, and by queue: failed_by); failure_chart None where the database cannot
+    count them (SQL before 1.3, a router)."""
     hours = _grid(now, HOUR, 24)
     client = _client(request)
-    if queues is not None and len(queues) == 1:
-        counts = await client.dead_counts(hours[0], HOUR, queues[0])
-    else:
-        counts = [c for c in await client.dead_counts(hours[0], HOUR) if queues is None or c.queue in queues]
+    one = queues[0] if len(queues) == 1 else None
+    counts = await _unless_missing(client.dead_counts(hours[0], HOUR, one))
+    readable = set(queues)
     per_hour: Counter[datetime] = Counter()
     failed_by: Counter[str] = Counter()
-    for c in counts:
-        per_hour[c.bucket_at] += c.dead
-        failed_by[c.queue] += c.dead
+    for c in counts or []:
+        if c.queue in readable:
+            per_hour[c.bucket_at] += c.dead
+            failed_by[c.queue] += c.dead
     chart = _chart(
         "bar", [at.strftime("%H:00") for at in hours], [("dead-lettered", "#b3261e", [per_hour[at] for at in hours])]
     )
     return {
-        "failure_chart": chart,
+        "failure_chart": None if counts is None else chart,
         "failed_hour": per_hour[hours[-1]],
         "failed_day": sum(per_hour.values()),
         "failed_by": failed_by,
@@ -792,7 +803,7 @@ async def _find(q: AsyncQueue, id: int, key: str | None) -> Found | None:
     live = await q.get_id(id)
     if live is not None:  # a live keyless message has no record yet
         history = await q.history(live.key) if live.key is not None else []
-        return Found(live, None, None, history, await q.delivery_of(id))
+        return Found(live, None, None, history, await _unless_missing(q.delivery_of(id)))
     dead = next((d for d in await q.dead_letters(SCAN) if d.id == id), None)
     if dead is not None:
         return Found(None, dead, None, await _records(q, dead.key, id))
