@@ -1,7 +1,7 @@
 -- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
 -- defaults, security settings, the dq_delivery type, dq_now and dq_version.
 BEGIN;
-SELECT plan(134);
+SELECT plan(142);
 
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
@@ -201,7 +201,24 @@ INSERT INTO expected VALUES
     'TABLE(minute_at timestamp with time zone, measure text, bin smallint, n bigint)'
 ),
 -- a message finished by key, recorded as acked (1.3)
-('dq_finish', 'queue text, key text', 'boolean');
+('dq_finish', 'queue text, key text', 'boolean'),
+-- running and retrying messages, releasing a lease, failures over time (1.3, the dashboard's)
+(
+    'dq_deliveries',
+    'queue text, which text, max_count integer DEFAULT 100',
+    'TABLE(id bigint, key text, channel text, priority integer, attempts integer, leased_at timestamp with time zone, due_at timestamp with time zone, last_error text)'  -- noqa: LT05
+),
+(
+    'dq_delivery_of',
+    'queue text, id bigint',
+    'TABLE(id bigint, key text, channel text, priority integer, attempts integer, leased_at timestamp with time zone, due_at timestamp with time zone, last_error text)'  -- noqa: LT05
+),
+('dq_release', 'queue text, id bigint', 'boolean'),
+(
+    'dq_dead_counts',
+    'queue text, since timestamp with time zone, bucket interval',
+    'TABLE(queue text, bucket_at timestamp with time zone, dead bigint)'
+);
 
 SELECT is(
     (

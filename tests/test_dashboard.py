@@ -23,6 +23,7 @@ import pytest
 from conftest import owner
 from http_server import Server, make_tokens, serve, sign_in
 from pgdq import Client, Message, Queue
+from pgdq.errors import StaleToken
 from test_http_guard import dead_keys
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -174,6 +175,8 @@ def test_keyless_actions_need_admin_on_the_queue(database: str, q: Queue, tmp_pa
 
 def test_tokens_login_and_scopes(browser: sync_api.Browser, database: str, q: Queue, tmp_path: Path) -> None:
     _fill(q)
+    other = Queue(f"{q.name[:90]}-other", database)
+    _bury(other, 2, "boom")  # another queue's failures: not the reader's to see
     secrets = make_tokens(tmp_path / "tokens.json", {"reader": (["consume"], [q.name])})
     s = serve(database, "--tokens", str(tmp_path / "tokens.json"))
     try:
@@ -187,6 +190,10 @@ def test_tokens_login_and_scopes(browser: sync_api.Browser, database: str, q: Qu
         page.fill('input[name="token"]', secrets["reader"])
         page.click('button[type="submit"]')
         page.locator(f'tr[data-queue="{q.name}"]').wait_for()
+        assert page.locator(f'tr[data-queue="{other.name}"]').count() == 0
+        assert page.locator('#failure-totals [data-field="failed-day"]').inner_text() == "1", (
+            "its queue's failures only"
+        )
         cookie = next(c for c in page.context.cookies() if c["name"] == "pgdq_token")
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["value"] != secrets["reader"]
         page.goto(f"{s.url}/queues/{q.name}")
@@ -203,6 +210,8 @@ def test_tokens_login_and_scopes(browser: sync_api.Browser, database: str, q: Qu
         assert httpx.get(f"{s.url}/dashboard/queues/{q.name}").status_code == 401
     finally:
         s.stop()
+        other.purge_dead_letters()
+        other.close()
 
 
 def test_bad_input_is_4xx(server: Server, q: Queue) -> None:
@@ -628,7 +637,16 @@ def test_actions_refused_without_admin_or_the_csrf_token(secured: tuple[Server, 
         "admin, no CSRF token": (no_csrf, 403, "CSRF"),
         "admin, a wrong CSRF token": (wrong, 403, "CSRF"),
     }
-    actions = ["messages/{later}/run-now", "messages/{later}/cancel", "messages/{dead}/redrive", "pause", "resume"]
+    actions = [
+        "messages/{later}/run-now",
+        "messages/{later}/cancel",
+        "messages/{later}/release",
+        "running/{later}/release",
+        "running/{later}/cancel",
+        "messages/{dead}/redrive",
+        "pause",
+        "resume",
+    ]
     for action in actions:
         for who, (client, status, says) in callers.items():
             answers = []
@@ -668,3 +686,248 @@ def test_first_paint_without_javascript_has_the_data(browser: sync_api.Browser, 
     page.locator("#messages a", has_text="with-headers").click()  # links, not scripts
     assert '"total": 99' in page.locator("#payload").inner_text() and "00-xyz" in page.locator("#headers").inner_text()
     context.close()
+
+
+# --- errors, what runs and what fails (issue 38) ---------------------------------------------------
+
+TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/srv/app/pgdq/worker.py", line 412, in _run\n'
+    "    await handler(delivery)\n"
+    '  File "/srv/app/handlers.py", line 7, in charge\n'
+    "    raise ValueError(reason)\n"
+    "ValueError: {reason}"
+)
+
+
+def _refreshed(page: sync_api.Page, path: str) -> None:
+    """Wait until the page's next live refresh (a GET of path, every 5 s) has been swapped in and settled."""
+    with page.expect_response(lambda r: path in r.url and r.request.method == "GET", timeout=15_000):
+        settled = "() => document.body.addEventListener('htmx:afterSettle', () => done(), {once: true})"
+        page.evaluate(f"() => new Promise((done) => ({settled})())")
+
+
+def _bury(q: Queue, count: int, error: str) -> None:
+    """count keyed dead letters of q (dead-000, ...), each failing with error."""
+    q.offer_many([(f"dead-{n:03}", n) for n in range(count)])
+    for d in q.poll_many(count):
+        d.dead_letter(error.format(reason=f"card {d.key} declined"))
+
+
+def test_errors_show_their_last_line_and_the_whole_text_on_demand(
+    browser: sync_api.Browser, server: Server, q: Queue
+) -> None:
+    _bury(q, 100, TRACEBACK)
+    q.offer("flaky", {"n": 1})
+    for _ in range(7):  # 7 attempts, the last error kept on the live message
+        (d,) = q.poll_many(1)
+        d.nack(error=TRACEBACK.format(reason="timeout after 30 s"))
+    page = browser.new_page()
+    page.goto(f"{server.url}/queues/{q.name}")
+    row = page.locator('tr[data-key="dead-003"]')
+    summary = row.locator("details summary")
+    sync_api.expect(summary).to_have_text("ValueError: card dead-003 declined")
+    whole = row.locator("details pre")
+    assert not whole.is_visible(), "the traceback waits for a click"
+    summary.click()
+    sync_api.expect(whole).to_be_visible()
+    assert whole.inner_text() == TRACEBACK.format(reason="card dead-003 declined"), "whole, its line breaks kept"
+    height = page.evaluate("() => document.documentElement.scrollHeight")
+    assert height < 9000, f"100 dead letters, one line each: {height} px"
+
+    retry = page.locator('#retrying tr[data-key="flaky"]')
+    sync_api.expect(retry.locator("summary")).to_have_text("ValueError: timeout after 30 s")
+    retry.locator("a").first.click()
+    sync_api.expect(page.locator('[data-field="attempts"]')).to_have_text("7")
+    error = page.locator('[data-field="last-error"] pre')
+    sync_api.expect(error).to_have_text(TRACEBACK.format(reason="timeout after 30 s"))  # the live message's error
+    page.close()
+
+
+def test_an_acked_message_with_an_earlier_error_is_not_shown_as_failed(
+    browser: sync_api.Browser, server: Server, q: Queue
+) -> None:
+    q.retain(timedelta(days=1))
+    q.offer("second-try", 1)
+    (d,) = q.poll_many(1)
+    d.nack(error=TRACEBACK.format(reason="first try failed"))
+    (d,) = q.poll_many(1)
+    d.ack()
+    page = browser.new_page()
+    page.goto(f"{server.url}/queues/{q.name}")
+    earlier = page.locator("#recent tr[data-id] details")
+    sync_api.expect(earlier.locator("summary")).to_have_text("ValueError: first try failed")
+    assert "muted" in (earlier.get_attribute("class") or ""), "an acked message's earlier error is not red"
+    page.close()
+
+
+def test_running_now_retrying_and_release(browser: sync_api.Browser, server: Server, q: Queue) -> None:
+    q.offer_many([("stuck", 1), ("busy", 2), ("failing", 3)])
+    held = {d.key: d for d in q.poll_many(3, lease=3600)}
+    held["failing"].nack(datetime.now(UTC) + timedelta(minutes=5), error="boom: 503")
+    page = browser.new_page()
+    asked: list[str] = []
+    page.on("dialog", lambda d: (asked.append(d.message), d.accept()))
+    page.goto(f"{server.url}/queues/{q.name}")
+    running = page.locator("#running tr[data-id] td:first-child")
+    sync_api.expect(running).to_have_text(sorted(["stuck", "busy"], key=lambda k: held[k].id))  # delivered at once
+    stuck = page.locator('#running tr[data-key="stuck"]')
+    assert stuck.locator('[data-field="running-for"]').inner_text().endswith("s"), "for how long"
+    assert "in 59m" in stuck.inner_text(), "its lease ends in an hour"
+    retrying = page.locator('#retrying tr[data-key="failing"]')
+    assert "boom: 503" in retrying.inner_text() and "in 4m" in retrying.inner_text()
+
+    stuck.locator("button", has_text="Release").click()
+    sync_api.expect(page.locator("#notice")).to_contain_text(f"Released message {held['stuck'].id}")
+    sync_api.expect(running).to_have_text(["busy"])
+    assert asked[0].startswith(f"Release message {held['stuck'].id} now?")
+    info = q.get("stuck")
+    assert info is not None and not info.leased and info.due_at <= datetime.now(UTC) and info.attempts == 1
+    sync_api.expect(page.locator('#retrying tr[data-key="stuck"]')).to_be_visible()  # tried once, due now
+
+    page.locator('#running tr[data-key="busy"] button', has_text="Cancel").click()
+    sync_api.expect(page.locator("#notice")).to_have_text(f"Cancelled message {held['busy'].id}.")
+    sync_api.expect(page.locator("#running-empty")).to_be_visible()
+    assert q.get("busy") is None
+    with pytest.raises(StaleToken):  # its holder's ack finds no lease
+        held["stuck"].ack()
+    page.close()
+
+
+def test_release_from_the_message_page(browser: sync_api.Browser, server: Server, q: Queue) -> None:
+    q.offer("hung", 1)
+    (held,) = q.poll_many(1, lease=3600)
+    page = browser.new_page()
+    page.on("dialog", lambda d: d.accept())
+    page.goto(f"{server.url}/queues/{q.name}/messages/{held.id}")
+    sync_api.expect(page.locator('[data-field="leased-at"]')).to_contain_text("running for")
+    page.locator("#release").click()
+    sync_api.expect(page.locator("#notice")).to_contain_text("due now, the next poll may lease it")
+    sync_api.expect(page.locator('[data-field="status"]')).to_contain_text("due")
+    assert page.locator("#release").count() == 0
+    (again,) = q.poll_many(1)
+    assert again.id == held.id and again.attempts == 2
+    again.ack()
+    page.close()
+
+
+def test_failures_over_time_without_history(browser: sync_api.Browser, server: Server, q: Queue, database: str) -> None:
+    now = datetime.now(UTC)
+    with psycopg.connect(owner(database, q.name), autocommit=True) as c:
+        pinned = Queue(q.name, c)
+        for hours_ago, count in ((0, 2), (3, 4)):
+            c.execute("SELECT set_config('dq.now', %s, false)", ((now - timedelta(hours=hours_ago)).isoformat(),))
+            pinned.offer_many([(f"f-{hours_ago}-{n}", n) for n in range(count)])
+            for d in pinned.poll_many(count):
+                d.dead_letter("boom")
+    with Client(database) as client:  # the overview counts every queue's
+        since = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=23)
+        every = sum(c.dead for c in client.dead_counts(since, timedelta(hours=1)))
+    page = browser.new_page()
+    page.goto(f"{server.url}/?search={q.name}")
+    sync_api.expect(page.locator(f'tr[data-queue="{q.name}"] [data-field="failed-day"]')).to_have_text("6")
+    assert page.locator('#failure-totals [data-field="failed-day"]').inner_text() == f"{every:,}" and every >= 6
+    page.goto(f"{server.url}/queues/{q.name}")
+    sync_api.expect(page.locator('[data-field="failed-day"] b')).to_have_text("6")
+    assert page.locator('[data-field="failed-hour"] b').inner_text() == "2"
+    drawn = {(now - timedelta(hours=3)).strftime("%H:00"): [4], now.strftime("%H:00"): [2]}
+    assert _drawn(page, "failure-chart") == drawn
+    page.close()
+
+
+def test_counts_agree_and_actions_say_what_they_did(browser: sync_api.Browser, server: Server, q: Queue) -> None:
+    _bury(q, 150, "boom: {reason}")
+    page = browser.new_page()
+    asked: list[str] = []
+    page.on("dialog", lambda d: (asked.append(d.message), d.accept()))
+    page.goto(f"{server.url}/queues/{q.name}")
+    sync_api.expect(page.locator('[data-field="dead"] b')).to_have_text("150")
+    assert page.locator("#summary table").last.locator("tr[data-id]").count() == 100, "the oldest 100 listed"
+
+    page.locator('tr[data-key="dead-007"] button', has_text="Purge").click()
+    sync_api.expect(page.locator("#notice")).to_have_text("Purged: 1 dead letter deleted.")
+    page.locator('tr[data-key="dead-008"] button', has_text="Redrive").click()
+    sync_api.expect(page.locator("#notice")).to_have_text("Redriven: 1 dead letter offered again, due now.")
+    sync_api.expect(page.locator('[data-field="dead"] b')).to_have_text("148")
+    page.locator("#redrive-all").click()
+    assert asked[-1].startswith(f"Offer all 148 dead letters of {q.name} again (not only the 100 shown)?")
+    sync_api.expect(page.locator("#notice")).to_have_text("Redriven: 148 dead letters offered again, due now.")
+    assert q.dead_letters() == [] and q.stats().ready == 149
+    page.locator("#pause").click()
+    sync_api.expect(page.locator("#notice")).to_have_text(f"Paused {q.name}.")
+    _refreshed(page, f"/dashboard/queues/{q.name}")  # the live refresh leaves the notice
+    sync_api.expect(page.locator("#notice")).to_have_text(f"Paused {q.name}.")
+    page.locator("#resume").click()
+    sync_api.expect(page.locator("#notice")).to_have_text(f"Resumed {q.name}.")
+    _bury(q, 2, "boom")
+    page.reload()
+    page.locator("#purge-all").click()
+    assert asked[-1] == f"Delete all 2 dead letters of {q.name} for good?"
+    sync_api.expect(page.locator("#notice")).to_have_text("Purged: 2 dead letters deleted.")
+    page.close()
+
+
+def test_overdue_schedules_are_flagged(browser: sync_api.Browser, server: Server, q: Queue, database: str) -> None:
+    with psycopg.connect(owner(database, q.name), autocommit=True) as c:
+        c.execute("SELECT set_config('dq.now', %s, false)", ((datetime.now(UTC) - timedelta(hours=1)).isoformat(),))
+        Queue(q.name, c).schedule("every-minute", "* * * * *", "UTC", {"tick": True})
+    q.schedule("nightly", "0 2 * * *", "UTC", {"report": True})
+    page = browser.new_page()
+    page.goto(f"{server.url}/queues/{q.name}")
+    overdue = page.locator('tr[data-schedule="every-minute"] [data-field="overdue"]')
+    sync_api.expect(overdue).to_contain_text("overdue: fires at the next poll")
+    assert "ago" in page.locator('tr[data-schedule="every-minute"]').inner_text()
+    assert page.locator('tr[data-schedule="nightly"] [data-field="overdue"]').count() == 0
+    sync_api.expect(page.locator("#overdue-note")).to_contain_text("when something polls")
+    page.close()
+    q.unschedule("every-minute")
+    q.unschedule("nightly")
+
+
+def test_next_page_after_a_message_due_at_infinity(
+    browser: sync_api.Browser, server: Server, q: Queue, database: str
+) -> None:
+    q.offer_many([("a", 1), ("b", 2), ("c", 3)])
+    with psycopg.connect(owner(database, q.name), autocommit=True) as c:  # as stored before 1.2
+        c.execute("UPDATE dq_messages SET due_at = 'infinity' WHERE queue = %s AND key IN ('b', 'c')", (q.name,))
+    page = browser.new_page()
+    keys = page.locator("#messages tr[data-id] td:first-child")
+    page.goto(f"{server.url}/queues/{q.name}/messages?limit=1")
+    seen = []
+    for _ in range(5):
+        sync_api.expect(keys).to_have_count(1)
+        seen.append(keys.inner_text())
+        if page.locator("#next-page").count() == 0:
+            break
+        page.locator("#next-page").click()
+    assert seen == ["a", "b", "c"], "each once, then no Next link"
+    page.close()
+
+
+def test_the_overview_shows_a_page_of_queues_and_finds_one(
+    browser: sync_api.Browser, server: Server, q: Queue, database: str
+) -> None:
+    names = [f"{q.name[:80]}-page-{n:03}" for n in range(130)]
+    with psycopg.connect(owner(database, q.name), autocommit=True) as c:
+        c.execute("SELECT dq_offer(n, 'k', '1') FROM unnest(%s::text[]) AS n", (names,))
+    try:
+        page = browser.new_page()
+        page.goto(f"{server.url}/?search={q.name[:80]}-page-")
+        rows = page.locator("#queues tr[data-queue]")
+        sync_api.expect(rows).to_have_count(100)
+        assert page.locator("#queues-shown").inner_text() == "(1–100 of 130, by name)"
+        assert rows.first.get_attribute("data-queue") == names[0]
+        page.locator("#next-queues").click()
+        sync_api.expect(rows).to_have_count(30)
+        assert rows.first.get_attribute("data-queue") == names[100]
+        _refreshed(page, "/dashboard/queues?")  # the live refresh re-reads this page, not the first
+        sync_api.expect(rows).to_have_count(30)
+        page.locator('input[name="search"]').fill(names[42][-12:].upper())
+        page.locator('button[type="submit"]', has_text="Search").click()
+        sync_api.expect(rows).to_have_count(1)
+        assert rows.first.get_attribute("data-queue") == names[42], "any case"
+        assert page.locator('#totals [data-field="queues"] b').inner_text() != "1", "the totals count every queue"
+        page.close()
+    finally:
+        with psycopg.connect(owner(database, q.name), autocommit=True) as c:
+            c.execute("SELECT dq_purge(n) FROM unnest(%s::text[]) AS n", (names,))

@@ -23,8 +23,10 @@ from .errors import (
 from .install import install, uninstall
 from .model import (
     ChannelInfo,
+    DeadCount,
     DeadLetter,
     DeadLetterStats,
+    DeliveryInfo,
     DueHour,
     HistoryBucket,
     HistoryRecord,
@@ -52,8 +54,10 @@ __all__ = [
     "Codec",
     "CronService",
     "DeadLetter",
+    "DeadCount",
     "DeadLetterStats",
     "Delivery",
+    "DeliveryInfo",
     "DueHour",
     "HandlerTimeout",
     "HistoryBucket",

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Self
+from typing import Any, Literal, Self
 from uuid import UUID
 
 import psycopg
@@ -25,9 +25,11 @@ from .codec import Codec, JsonCodec, UnreadableJson, dumps_array, tolerate_unrea
 from .errors import PayloadDecodeError, StaleToken, translate
 from .model import (
     ChannelInfo,
+    DeadCount,
     DeadLetter,
     DeadLetterStats,
     DecodedPayload,
+    DeliveryInfo,
     DueHour,
     HistoryBucket,
     HistoryRecord,
@@ -307,6 +309,15 @@ class AsyncClient(_AsyncBase):
         """Dead-letter counts of every queue that has some (of queue, if given), by name (dq_dead_stats)."""
         return [DeadLetterStats(*row) for row in await self._rows("dead_stats", (queue,), conn)]
 
+    async def dead_counts(
+        self, since: datetime, bucket: st.Lease, queue: str | None = None, *, conn: AsyncConnection[Any] | None = None
+    ) -> list[DeadCount]:
+        """The dead letters kept that failed from since on, per bucket (1 minute
+        to 1 day) of every queue (of queue, if given), only buckets with some
+        (dq_dead_counts, 1.3): failures over time, history kept or not."""
+        params = (queue, st.aware(since, "since"), st.lease(bucket, "bucket"))
+        return [DeadCount(*row) for row in await self._rows("dead_counts", params, conn)]
+
     async def key_queues(self, key: str, *, conn: AsyncConnection[Any] | None = None) -> list[str]:
         """The queues holding a live message of key, by name (dq_key_queues)."""
         return [row[0] for row in await self._rows("key_queues", (key,), conn)]
@@ -584,6 +595,27 @@ class AsyncQueue(_AsyncBase):
         """Make the delayed message id due now (dq_run_now, 1.2): True when it
         was delayed; a leased or due message is left as it is (False)."""
         return bool(await self._value("run_now", (self.name, st.message_id(id)), conn))
+
+    async def deliveries(
+        self, which: Literal["running", "retrying"], max_count: int = 100, *, conn: AsyncConnection[Any] | None = None
+    ) -> list[DeliveryInfo]:
+        """Up to max_count (1..1000) messages whose lease runs now, oldest
+        delivery first (which "running"), or that were tried before and wait
+        for a retry, earliest first, with their last error ("retrying")
+        (dq_deliveries, 1.3)."""
+        return [DeliveryInfo(*row) for row in await self._rows("deliveries", (self.name, which, max_count), conn)]
+
+    async def delivery_of(self, id: int, *, conn: AsyncConnection[Any] | None = None) -> DeliveryInfo | None:
+        """The live message id's attempts, last delivery and last error; None
+        when there is none (dq_delivery_of, 1.3)."""
+        rows = await self._rows("delivery_of", (self.name, st.message_id(id)), conn)
+        return DeliveryInfo(*rows[0]) if rows else None
+
+    async def release(self, id: int, *, conn: AsyncConnection[Any] | None = None) -> bool:
+        """End the running lease of message id now, without its token (a stuck
+        consumer): due now, its attempts and last error kept, its holder's ack
+        fails; True when it was leased (dq_release, 1.3)."""
+        return bool(await self._value("release", (self.name, st.message_id(id)), conn))
 
     def _peeked(self, row: tuple[Any, ...]) -> PeekedMessage:
         """A peeked message of a dq_peek row (its fields in the row's order);

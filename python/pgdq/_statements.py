@@ -108,6 +108,11 @@ _TEMPLATES: dict[str, str] = {
     "retain": "SELECT {fn}(%s, %s::interval)",
     "history": "SELECT * FROM {fn}(%s, %s::text, %s::integer)",
     "history_stats": "SELECT * FROM {fn}(%s, %s::timestamptz, %s::interval)",
+    # running and retrying messages, releasing a lease, failures over time (1.3)
+    "deliveries": "SELECT * FROM {fn}(%s, %s::text, %s::integer)",
+    "delivery_of": "SELECT * FROM {fn}(%s, %s::bigint)",
+    "release": "SELECT {fn}(%s, %s::bigint)",
+    "dead_counts": "SELECT * FROM {fn}(%s::text, %s::timestamptz, %s::interval)",
     "read_messages": "SELECT r.id, r.queue, r.key, r.payload::text, r.state::text, r.scheduled_at, r.due_at,"
     " r.created_at, r.attempts, r.leased FROM {fn}(%s::text, %s::bigint, %s::bigint) AS r",
     "read_dead_letters": "SELECT r.id, r.queue, r.key, r.payload::text, r.state::text, r.scheduled_at,"

@@ -182,6 +182,32 @@ class DeadLetterStats:
 
 
 @dataclass(frozen=True)
+class DeliveryInfo:
+    """A live message as an operator looks at its deliveries (a row of
+    dq_deliveries or dq_delivery_of, 1.3): channel None for none;
+    leased_at when its current or last delivery began (None: never, or
+    before 1.2); due_at when it is due, or a running lease's end."""
+
+    id: int
+    key: str | None
+    channel: str | None
+    priority: int
+    attempts: int
+    leased_at: datetime | None
+    due_at: datetime
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class DeadCount:
+    """One row of dq_dead_counts (1.3): the dead letters of queue that failed in the bucket starting at bucket_at."""
+
+    queue: str
+    bucket_at: datetime
+    dead: int
+
+
+@dataclass(frozen=True)
 class ChannelInfo:
     """One row of dq_channels: a channel's limits, its messages by
     condition (a due message held back by a limit is ready) and its last lease."""

@@ -4,7 +4,8 @@ seeds them) in Debian's Chromium, driven by Playwright. Before the demo
 starts, its orders and webhooks queues get a day of history (retention on,
 messages finished at past times by pinning the database's clock, dq.now), so
 that the charts have something to show; after, one order with headers and an
-earlier delivery of its key.
+earlier delivery of its key, and the reports queue in trouble (running too long,
+retrying, failing, a schedule overdue).
 
     DATABASE_URL=... .venv/bin/python python/tools/dashboard_screenshot.py [OUT_DIR]
 """
@@ -27,8 +28,16 @@ from pgdq import Queue, install
 from playwright.sync_api import Page, sync_playwright
 
 ROOT = Path(__file__).resolve().parents[2]
-ORDERS, WEBHOOKS = "pgdq_demo_orders", "pgdq_demo_webhooks"
+ORDERS, WEBHOOKS, REPORTS = "pgdq_demo_orders", "pgdq_demo_webhooks", "pgdq_demo_reports"
 SHOWN_KEY = "refund-audit-4711"  # the message page's message
+TRACEBACK = (  # what a Python handler's failure looks like in last_error
+    "Traceback (most recent call last):\n"
+    '  File "/srv/reports/pgdq/worker.py", line 412, in _run\n'
+    "    await handler(delivery)\n"
+    '  File "/srv/reports/handlers.py", line 31, in render_report\n'
+    '    raise TimeoutError(f"warehouse query {query!r} timed out after 30 s")\n'
+    "TimeoutError: warehouse query 'sales_by_region' timed out after 30 s"
+)
 
 
 def _free_port() -> int:
@@ -38,9 +47,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _finish(conn: psycopg.Connection[Any], queue: str, at: datetime, count: int, dead: int, rng: random.Random) -> None:
-    """count messages of queue finished at at (dead of them dead-lettered), each delivered a random
-    lateness after it fell due and finished a random run time later, on the clock pinned at each step."""
+def _finish(
+    conn: psycopg.Connection[Any],
+    queue: str,
+    at: datetime,
+    count: int,
+    dead: int,
+    rng: random.Random,
+    error: str = "the partner answered 502",
+) -> None:
+    """count messages of queue finished at at (dead of them dead-lettered with error), each delivered a
+    random lateness after it fell due and finished a random run time later, on the clock pinned at each step."""
     q = Queue(queue, conn)
 
     def clock(when: datetime) -> None:
@@ -54,7 +71,7 @@ def _finish(conn: psycopg.Connection[Any], queue: str, at: datetime, count: int,
         clock(at - run)
         (delivery,) = q.poll_many(1)
         clock(at)
-        delivery.dead_letter("the partner answered 502") if n < dead else delivery.ack()
+        delivery.dead_letter(error) if n < dead else delivery.ack()
 
 
 def seed_history(dsn: str) -> None:
@@ -83,6 +100,29 @@ def seed_history(dsn: str) -> None:
         second.ack()
 
 
+def seed_trouble(dsn: str) -> None:
+    """The reports queue (no history) in trouble, after the demo seeded it: two reports running for
+    long, three retrying with a traceback, dead letters over the last day, a schedule overdue."""
+    rng, now = random.Random(5), datetime.now(UTC)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for hours in (1, 2, 5, 9, 14):
+            _finish(conn, REPORTS, now - timedelta(hours=hours, minutes=rng.uniform(0, 50)), 2, 2, rng, TRACEBACK)
+        conn.execute("SELECT set_config('dq.now', %s, false)", ((now - timedelta(minutes=17)).isoformat(),))
+        reports = Queue(REPORTS, conn)
+        reports.offer_many([(f"report-{region}", {"region": region}) for region in ("emea", "apac")])
+        reports.poll_many(2, lease=3600)  # running for 17 minutes, their consumer hung
+        conn.execute("SELECT set_config('dq.now', '', false)")
+        reports.offer_many([(f"report-retry-{n}", {"n": n}) for n in range(3)])
+        for n, delivery in enumerate(reports.poll_many(3)):
+            delivery.nack(datetime.now(UTC) + timedelta(minutes=4 + 3 * n), error=TRACEBACK)
+        reports.offer("report-failed", {"region": "amer"})
+        (failed,) = reports.poll_many(1)
+        failed.dead_letter(TRACEBACK)
+        conn.execute("SELECT set_config('dq.now', %s, false)", ((now - timedelta(hours=2)).isoformat(),))
+        reports.schedule("refresh", "*/30 * * * *", payload={"report": "refresh"})  # due since; nothing polls
+        conn.execute("SELECT set_config('dq.now', '', false)")
+
+
 def _shoot(page: Page, url: str, ready: str, out: Path) -> None:
     """Open url, wait for the selector ready, save the whole page to out."""
     page.goto(url)
@@ -92,7 +132,7 @@ def _shoot(page: Page, url: str, ready: str, out: Path) -> None:
 
 
 def main() -> int:
-    """Seed history, serve the demo on a free port, save the four pages."""
+    """Seed history, serve the demo on a free port, save the four pages and a queue in trouble."""
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs"
     dsn = os.environ.get("DATABASE_URL", "")
     seed_history(dsn)
@@ -111,6 +151,7 @@ def main() -> int:
             headers = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tenant": "acme"}
             orders.offer(SHOWN_KEY, {"refund": 4711, "amount": "49.90", "currency": "EUR"}, due, headers=headers)
             shown = next(m.id for m in orders.browse(key_prefix=SHOWN_KEY) if m.key == SHOWN_KEY)
+        seed_trouble(dsn)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium")
             page = browser.new_page(viewport={"width": 1100, "height": 900}, device_scale_factor=1)
@@ -123,6 +164,10 @@ def main() -> int:
                 out / "dashboard-messages.png",
             )
             _shoot(page, f"{url}/queues/{ORDERS}/messages/{shown}", "#payload", out / "dashboard-message.png")
+            page.goto(f"{url}/queues/{REPORTS}")
+            page.locator("#retrying details summary").first.click()  # one traceback opened
+            page.locator("#summary").screenshot(path=str(out / "dashboard-trouble.png"))
+            print(f"wrote {out / 'dashboard-trouble.png'}")
             browser.close()
     finally:
         demo.terminate()

@@ -27,10 +27,10 @@ import json
 import re
 import secrets
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 from urllib.parse import parse_qs, quote, urlencode
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -38,10 +38,14 @@ from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from psycopg import sql
+from psycopg.abc import Buffer
+from psycopg.adapt import PyFormat
+from psycopg.types.datetime import DatetimeDumper
 
 from .. import AsyncQueue
 from ..codec import UnreadableJson
-from ..model import DeadLetter, HistoryBucket, HistoryRecord, MessageInfo, PeekedMessage, QueueStats
+from ..errors import SqlMissing
+from ..model import DeadLetter, DeliveryInfo, HistoryBucket, HistoryRecord, MessageInfo, PeekedMessage, QueueStats
 from ._access import TOKEN_COOKIE, ApiError, authorize, presented_token
 from ._auth import Token, find_token, new_session
 from ._guard import SAFE_METHODS
@@ -56,7 +60,12 @@ PAGE_SIZE = 50  # messages on a page of /queues/{queue}/messages (limit= up to M
 MAX_PAGE = 500
 SCAN = 1000  # dead letters (oldest first) or records (newest first) searched for one id
 RECENT = 10  # records on a queue's page
+WORKING = 20  # running and retrying messages listed on a queue's page (oldest first)
+DEAD_SHOWN = 100  # dead letters listed on a queue's page (oldest first)
+OVERVIEW_PAGE = 100  # queues on a page of the overview (the totals count every queue)
+ERROR_LINE = 160  # characters of an error's last line shown before "more"
 MINUTE, HOUR = timedelta(minutes=1), timedelta(hours=1)
+_T = TypeVar("_T")
 
 # The CSRF token: a random value per browser session in an HttpOnly,
 # SameSite=Strict cookie, written into every page (the body's hx-headers),
@@ -213,13 +222,26 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False)
 
 
+def _last_line(text: str | None) -> str:
+    """An error's last non-blank line (a traceback's exception), cut at ERROR_LINE characters."""
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else ""
+    return last if len(last) <= ERROR_LINE else last[: ERROR_LINE - 1] + "…"
+
+
 def _segment(name: str) -> str:
     """name as one segment of a URL path ("/" encoded as %2F, see SegmentRoute)."""
     return quote(name, safe="")
 
 
 templates.env.filters.update(
-    segment=_segment, num=_number, duration=_duration, period=_period, pretty=_pretty, absolute=_absolute
+    segment=_segment,
+    num=_number,
+    duration=_duration,
+    period=_period,
+    pretty=_pretty,
+    absolute=_absolute,
+    last_line=_last_line,
 )
 
 
@@ -283,14 +305,15 @@ def _totals(buckets: Iterable[HistoryBucket]) -> tuple[int, int, int]:
     return (sum(c[0] for c in counts), sum(c[1] for c in counts), sum(c[2] for c in counts))
 
 
-async def _retained_minutes(request: Request, since: datetime) -> dict[str, list[HistoryBucket]]:
-    """Each queue with retention on and its minute buckets from since on (their counts; no
+async def _retained_minutes(request: Request, since: datetime, names: list[str]) -> dict[str, list[HistoryBucket]]:
+    """Each queue of names with retention on and its minute buckets from since on (their counts; no
     percentiles), in one statement (the one /metrics reads); none where this role or database
     cannot tell (a router, SQL before 1.2)."""
     settings = request.app.state.settings
+    params = {"since": since, "span": 2 * HOUR, "names": names}
     async with request.app.state.pool.connection() as conn:
         try:
-            cursor = await conn.execute(history_statement(settings.schema), {"since": since, "span": 2 * HOUR})
+            cursor = await conn.execute(history_statement(settings.schema), params)
             rows = await cursor.fetchall()
         except _UNAVAILABLE:
             return {}
@@ -304,6 +327,24 @@ async def _retained_minutes(request: Request, since: datetime) -> dict[str, list
 
 
 _RETENTION = "SELECT retain, history_keep FROM {} WHERE queue = %s"
+_SETTLED = "SELECT queue::text, paused_at IS NOT NULL FROM {} WHERE retain IS NOT NULL OR paused_at IS NOT NULL"
+
+
+def _queues_table(request: Request) -> sql.Identifier:
+    """dq_queues in the service's schema (no function lists what it keeps)."""
+    schema = request.app.state.settings.schema
+    return sql.Identifier(schema, "dq_queues") if schema else sql.Identifier("dq_queues")
+
+
+async def _settled(request: Request) -> dict[str, bool]:
+    """The queues that keep history or are paused, and whether paused (dq_queues: listed in the
+    overview even without messages); none where they cannot be read (a router, a role that may not)."""
+    async with request.app.state.pool.connection() as conn:
+        try:
+            cursor = await conn.execute(sql.SQL(_SETTLED).format(_queues_table(request)))
+            return dict(await cursor.fetchall())
+        except _UNAVAILABLE:
+            return {}
 
 
 class Retention(NamedTuple):
@@ -318,11 +359,9 @@ class Retention(NamedTuple):
 
 async def _retention(request: Request, queue: str) -> Retention:
     """queue's retention and the period its records age out by (dq_queues: no function reads them)."""
-    schema = request.app.state.settings.schema
-    table = sql.Identifier(schema, "dq_queues") if schema else sql.Identifier("dq_queues")
     async with request.app.state.pool.connection() as conn:
         try:
-            cursor = await conn.execute(sql.SQL(_RETENTION).format(table), (queue,))
+            cursor = await conn.execute(sql.SQL(_RETENTION).format(_queues_table(request)), (queue,))
             row = await cursor.fetchone()
         except _UNAVAILABLE:
             return Retention(None, None, known=False)
@@ -353,46 +392,88 @@ async def _history_context(request: Request, q: AsyncQueue, now: datetime) -> di
 
 
 class QueueRow(NamedTuple):
-    """One queue of the overview: its counts, dead letters, schedules, and the last hour's
-    acked, dead and cancelled (None: it keeps no history)."""
+    """One queue of the overview: its counts, dead letters, schedules, the dead letters that failed
+    in the last 24 hours, and the last hour's acked, dead and cancelled (None: it keeps no history)."""
 
     name: str
     stats: QueueStats
     dead: int
     schedules: int
+    failed_day: int
     last_hour: tuple[int, int, int] | None
 
 
-async def _overview_context(request: Request) -> dict[str, Any]:
-    """Every queue this token may read (with messages, dead letters, schedules or history), the
-    totals and the last hour's throughput of those that keep history: four statements."""
+class OverviewPage(NamedTuple):
+    """Which queues the overview shows: those whose name contains search, OVERVIEW_PAGE of them
+    from start (both from the address: ?search=&start=)."""
+
+    search: str
+    start: int
+
+    def link(self, start: int) -> str:
+        """The address of the overview from start on, with this search."""
+        shown = {k: v for k, v in (("search", self.search), ("start", start)) if v}
+        return f"/?{urlencode(shown)}" if shown else "/"
+
+
+async def _overview_context(request: Request, shown: OverviewPage) -> dict[str, Any]:
+    """Every queue this token may read (with messages, dead letters, schedules or history; paused), the totals,
+    and a page of them (OverviewPage) with the last hour's throughput of those that keep history and
+    every shown queue's failures by the dead letters' times: seven statements, the history of the
+    page's queues only."""
     client = _client(request)
     stats = {s.queue: s for s in await client.stats()}
     dead = {d.queue: d.dead for d in await client.dead_stats()}
     schedules = Counter(s.queue for s in await client.schedules())
+    settled = await _settled(request)
+    for name, paused in settled.items():
+        stats.setdefault(name, QueueStats(name, 0, 0, 0, None, None, paused))
+    token = presented_token(request)
+    names = sorted(n for n in stats.keys() | dead.keys() | schedules.keys() if _may_read(token, n))
+    found = [n for n in names if shown.search.casefold() in n.casefold()]
+    page = found[shown.start : shown.start + OVERVIEW_PAGE]
     now = datetime.now(UTC)
     grid = _grid(now, MINUTE, 60)
-    history = await _retained_minutes(request, grid[0])
-    token = presented_token(request)
-    names = sorted(n for n in stats.keys() | dead.keys() | schedules.keys() | history.keys() if _may_read(token, n))
+    history = await _retained_minutes(request, grid[0], page)
+    failures = await _failures_context(request, names, now)
     empty = QueueStats("", 0, 0, 0, None, None)
     rows = [
-        QueueRow(n, stats.get(n, empty), dead.get(n, 0), schedules[n], _totals(history[n]) if n in history else None)
-        for n in names
+        QueueRow(
+            n,
+            stats.get(n, empty),
+            dead.get(n, 0),
+            schedules[n],
+            failures["failed_by"][n],
+            _totals(history[n]) if n in history else None,
+        )
+        for n in page
     ]
     kept = [b for r in rows if r.last_hour is not None for b in history[r.name]]
+    every = [stats.get(n, empty) for n in names]
     totals = {
-        "queues": len(rows),
-        "ready": sum(r.stats.ready for r in rows),
-        "delayed": sum(r.stats.delayed for r in rows),
-        "leased": sum(r.stats.leased for r in rows),
-        "dead": sum(r.dead for r in rows),
-        "schedules": sum(r.schedules for r in rows),
-        "paused": sum(1 for r in rows if r.stats.paused),
+        "queues": len(names),
+        "ready": sum(s.ready for s in every),
+        "delayed": sum(s.delayed for s in every),
+        "leased": sum(s.leased for s in every),
+        "dead": sum(dead.get(n, 0) for n in names),
+        "schedules": sum(schedules[n] for n in names),
+        "paused": sum(1 for s in every if s.paused),
     }
-    context = {"rows": rows, "totals": totals, "keeping": sum(1 for r in rows if r.last_hour is not None)}
-    context.update(last_hour=_totals(kept), throughput=_counts_chart(kept, grid, "%H:%M"))
-    return {**context, **_clock()}
+    return {
+        "rows": rows,
+        "totals": totals,
+        "keeping": sum(1 for r in rows if r.last_hour is not None),
+        "last_hour": _totals(kept),
+        "throughput": _counts_chart(kept, grid, "%H:%M"),
+        "found": len(found),
+        "shown": shown,
+        "paged": len(found) > len(page),
+        "previous": shown.link(max(shown.start - OVERVIEW_PAGE, 0)) if shown.start > 0 else None,
+        "next": shown.link(shown.start + OVERVIEW_PAGE) if shown.start + OVERVIEW_PAGE < len(found) else None,
+        "refresh": "/dashboard/queues" + shown.link(shown.start).removeprefix("/"),
+        **{k: v for k, v in failures.items() if k != "failed_by"},
+        **_clock(),
+    }
 
 
 def _may_read(token: Token | None, queue: str) -> bool:
@@ -400,44 +481,95 @@ def _may_read(token: Token | None, queue: str) -> bool:
     return token is None or token.allows("consume", queue)
 
 
+def _overview_page(
+    search: str = Query("", max_length=100, description="only queues whose name contains it (any case)"),
+    start: int = Query(0, ge=0, le=10**9, description="the first queue shown, counted from 0 in name order"),
+) -> OverviewPage:
+    """The overview's page from its address."""
+    return OverviewPage(search, start)
+
+
 @router.get("/", response_class=HTMLResponse)
-async def overview(request: Request) -> Response:
-    """Totals, the last hour's throughput, every queue; refreshed live."""
+async def overview(request: Request, shown: Annotated[OverviewPage, Depends(_overview_page)]) -> Response:
+    """Totals, failures and throughput, a page of the queues; refreshed live."""
     if _needs_login(request):
         return RedirectResponse("/login", status_code=303)
-    return _page(request, "overview.html", await _overview_context(request))
+    return _page(request, "overview.html", await _overview_context(request, shown))
 
 
 @router.get("/dashboard/queues", response_class=HTMLResponse)
-async def overview_fragment(request: Request) -> Response:
-    """The overview's live fragment: totals, chart, the queues this token may read."""
+async def overview_fragment(request: Request, shown: Annotated[OverviewPage, Depends(_overview_page)]) -> Response:
+    """The overview's live fragment: totals, charts, a page of the queues this token may read."""
     if _needs_login(request):
         raise ApiError(401, "a valid bearer token is required")
-    return templates.TemplateResponse(request, "_overview.html", await _overview_context(request))
+    return templates.TemplateResponse(request, "_overview.html", await _overview_context(request, shown))
 
 
 # --- a queue ---------------------------------------------------------------------------
 
 
-async def _summary_context(request: Request, queue: str) -> dict[str, Any]:
-    """A queue's live fragment: counts and pause state, history, the next 24 hours, channels,
-    schedules, dead letters (nine statements, none per message)."""
+async def _summary_context(request: Request, queue: str, notice: str = "") -> dict[str, Any]:
+    """A queue's live fragment: counts and pause state, what runs and what is retried now, history,
+    failures over time, the next 24 hours, channels, schedules, dead letters (fourteen statements at
+    most, none per message); notice: what the action that answers with it did."""
     q = _queue(request, queue)
     clock = _clock()
     hours = await q.due_hours(24)
+    dead = await _client(request).dead_stats(queue)
     return {
         "queue": queue,
+        "notice": notice,
         "stats": await q.stats(),
         "due_chart": _chart(
             "bar",
             [h.hour_start.strftime("%H:%M") for h in hours],
             [("messages falling due", "#4f7fd9", [h.due for h in hours])],
         ),
+        "working": WORKING,
+        "running": await _unless_missing(q.deliveries("running", WORKING)),
+        "retrying": await _unless_missing(q.deliveries("retrying", WORKING)),
+        **await _failures_context(request, [queue], clock["now"]),
         "channels": await q.channels(),
         "schedules": await q.schedules(),
-        "dead_letters": await q.dead_letters(100),
+        "dead_count": dead[0].dead if dead else 0,
+        "dead_letters": await q.dead_letters(DEAD_SHOWN),
         **await _history_context(request, q, clock["now"]),
         **clock,
+    }
+
+
+async def _unless_missing(read: Awaitable[_T]) -> _T | None:
+    """read's result; None where the database lacks the SQL it calls (1.3's: a PL/Proxy router, older SQL)."""
+    try:
+        return await read
+    except SqlMissing:
+        return None
+
+
+async def _failures_context(request: Request, queues: list[str], now: datetime) -> dict[str, Any]:
+    """Failures over time by the dead letters' own times (history kept or not): of queues (those this
+    token may read), those kept that failed in each hour of the last 24 (a chart), in the last hour and
+    the last 24 hours (in all, and by queue: failed_by); failure_chart None where the database cannot
+    count them (SQL before 1.3, a router)."""
+    hours = _grid(now, HOUR, 24)
+    client = _client(request)
+    one = queues[0] if len(queues) == 1 else None
+    counts = await _unless_missing(client.dead_counts(hours[0], HOUR, one))
+    readable = set(queues)
+    per_hour: Counter[datetime] = Counter()
+    failed_by: Counter[str] = Counter()
+    for c in counts or []:
+        if c.queue in readable:
+            per_hour[c.bucket_at] += c.dead
+            failed_by[c.queue] += c.dead
+    chart = _chart(
+        "bar", [at.strftime("%H:00") for at in hours], [("dead-lettered", "#b3261e", [per_hour[at] for at in hours])]
+    )
+    return {
+        "failure_chart": None if counts is None else chart,
+        "failed_hour": per_hour[hours[-1]],
+        "failed_day": sum(per_hour.values()),
+        "failed_by": failed_by,
     }
 
 
@@ -487,28 +619,43 @@ async def queue_summary(request: Request, queue: QueueName) -> Response:
     return templates.TemplateResponse(request, "_queue.html", await _summary_context(request, queue))
 
 
+async def _acted(request: Request, queue: str, notice: str) -> Response:
+    """A queue's fragment after an action, with its notice (swapped out of band into the page's
+    #notice, so the next refresh leaves it)."""
+    context = await _summary_context(request, queue, notice)
+    return templates.TemplateResponse(request, "_queue.html", context)
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    """n and the noun for it: "1 dead letter", "3 dead letters"."""
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
+
+
 @router.post("/dashboard/queues/{queue}/pause", response_class=HTMLResponse)
 async def pause(request: Request, queue: QueueName) -> Response:
     """Pause the queue (consumers lease nothing until resumed); admin scope."""
     authorize(request, "admin", queue)
-    await _queue(request, queue).pause()
-    return await queue_summary(request, queue)
+    done = await _queue(request, queue).pause()
+    return await _acted(request, queue, f"Paused {queue}." if done else f"{queue} was paused already.")
 
 
 @router.post("/dashboard/queues/{queue}/resume", response_class=HTMLResponse)
 async def resume(request: Request, queue: QueueName) -> Response:
     """Resume a paused queue; admin scope."""
     authorize(request, "admin", queue)
-    await _queue(request, queue).resume()
-    return await queue_summary(request, queue)
+    done = await _queue(request, queue).resume()
+    return await _acted(request, queue, f"Resumed {queue}." if done else f"{queue} was not paused.")
 
 
 @router.post("/dashboard/queues/{queue}/dead-letters/redrive", response_class=HTMLResponse)
 async def redrive(request: Request, queue: QueueName, key: str | None = None) -> Response:
     """Offer the dead letter of key (every one without key) again, due now; admin scope."""
     authorize(request, "admin", queue)
-    await _queue(request, queue).redrive(key)
-    return await queue_summary(request, queue)
+    n = await _queue(request, queue).redrive(key)
+    said = f"Redriven: {_plural(n, 'dead letter')} offered again, due now."
+    if key is not None and n == 0:
+        said = f"Not redriven: {key} is no dead letter, or has a live message again."
+    return await _acted(request, queue, said)
 
 
 @router.post("/dashboard/queues/{queue}/dead-letters/purge", response_class=HTMLResponse)
@@ -519,24 +666,52 @@ async def purge(
     authorize(request, "admin", queue)
     if key is None and not every:
         raise ApiError(400, "purge needs key (one dead letter) or all=true (every one)")
-    await _queue(request, queue).purge_dead_letters(key)
-    return await queue_summary(request, queue)
+    n = await _queue(request, queue).purge_dead_letters(key)
+    return await _acted(request, queue, f"Purged: {_plural(n, 'dead letter')} deleted.")
 
 
 @router.post("/dashboard/queues/{queue}/dead-letters/by-id/{id}/redrive", response_class=HTMLResponse)
 async def redrive_id(request: Request, queue: QueueName, id: MessageId) -> Response:
     """Offer the dead letter of id (keyless ones have only an id) again, due now; admin scope."""
     authorize(request, "admin", queue)
-    await _queue(request, queue).redrive_id(id)
-    return await queue_summary(request, queue)
+    became = await _queue(request, queue).redrive_id(id)
+    said = f"Redriven: dead letter {id} is message {became}, due now."
+    return await _acted(
+        request,
+        queue,
+        said if became is not None else f"Not redriven: no dead letter {id} here, or its key has a live message again.",
+    )
 
 
 @router.post("/dashboard/queues/{queue}/dead-letters/by-id/{id}/purge", response_class=HTMLResponse)
 async def purge_id(request: Request, queue: QueueName, id: MessageId) -> Response:
     """Delete the dead letter of id (keyless ones have only an id); admin scope."""
     authorize(request, "admin", queue)
-    await _queue(request, queue).purge_dead_letter_id(id)
-    return await queue_summary(request, queue)
+    n = await _queue(request, queue).purge_dead_letter_id(id)
+    return await _acted(request, queue, f"Purged: dead letter {id} deleted." if n else f"No dead letter {id} here.")
+
+
+@router.post("/dashboard/queues/{queue}/running/{id}/release", response_class=HTMLResponse)
+async def release_running(request: Request, queue: QueueName, id: MessageId) -> Response:
+    """End the running lease of message id now (due again, its holder's ack fails); admin scope."""
+    authorize(request, "admin", queue)
+    done = await _queue(request, queue).release(id)
+    return await _acted(request, queue, _released(id, done))
+
+
+@router.post("/dashboard/queues/{queue}/running/{id}/cancel", response_class=HTMLResponse)
+async def cancel_running(request: Request, queue: QueueName, id: MessageId) -> Response:
+    """Delete the message id, leased or not; admin scope."""
+    authorize(request, "admin", queue)
+    done = await _queue(request, queue).cancel_id(id)
+    return await _acted(request, queue, f"Cancelled message {id}." if done else f"No live message {id} here.")
+
+
+def _released(id: int, done: bool) -> str:
+    """What releasing message id's lease did."""
+    if done:
+        return f"Released message {id}: due now, the next poll may lease it; its holder's ack will fail."
+    return f"Message {id} is not leased now (acked, released, or its lease ended): nothing changed."
 
 
 # --- a queue's messages, a page at a time ----------------------------------------------------
@@ -555,6 +730,34 @@ def _messages_link(queue: str, **params: Any) -> str:
 def _after(queue: str, due_at: datetime, id: int) -> PeekedMessage:
     """The last message of the page before, as browse reads it (its due time and id only)."""
     return PeekedMessage(queue, None, None, None, due_at, due_at, 0, False, None, None, id)
+
+
+class _EndlessDumper(DatetimeDumper):
+    """timestamptz as psycopg writes it, but INFINITY and MINUS_INFINITY (as the service reads
+    'infinity' and '-infinity') as those words: a page after a message due at infinity starts after it."""
+
+    def dump(self, obj: datetime) -> Buffer | None:
+        """obj's text: 'infinity', '-infinity', or as psycopg writes it."""
+        if obj in (INFINITY, MINUS_INFINITY):
+            return b"infinity" if obj == INFINITY else b"-infinity"
+        return super().dump(obj)
+
+
+async def _browse(
+    request: Request, queue: str, state: str, prefix: str, after: PeekedMessage | None, count: int
+) -> list[PeekedMessage]:
+    """A page of queue's messages (dq_browse), after (the last of the page before) written as the
+    database has it: the infinite times as themselves, on this statement only."""
+    async with request.app.state.pool.connection() as conn:
+        written = conn.adapters.get_dumper(datetime, PyFormat.TEXT)
+        conn.adapters.register_dumper(datetime, _EndlessDumper)
+        try:
+            which = None if state == "all" else state
+            return await _queue(request, queue).browse(
+                which, key_prefix=prefix or None, after=after, max_count=count, conn=conn
+            )
+        finally:
+            conn.adapters.register_dumper(datetime, written)
 
 
 @router.get("/queues/{queue}/messages", response_class=HTMLResponse)
@@ -578,9 +781,7 @@ async def messages_page(
         raise ApiError(400, "after_due must name its time zone (as the page's Next link does)")
     q = _queue(request, queue)
     after = _after(queue, after_due, after_id) if after_due is not None and after_id is not None else None
-    found = await q.browse(
-        None if state == "all" else state, key_prefix=prefix or None, after=after, max_count=limit + 1
-    )
+    found = await _browse(request, queue, state, prefix, after, limit + 1)
     page, more = found[:limit], len(found) > limit
     link = functools.partial(_messages_link, queue, state=state, prefix=prefix, limit=limit)
     context = {
@@ -605,13 +806,15 @@ async def messages_page(
 
 
 class Found(NamedTuple):
-    """What a message id names in a queue: the live message, the dead letter or its latest record
-    (at most one of them), and the history of its key (of its id, for a keyless one)."""
+    """What a message id names in a queue: the live message (with its deliveries: attempts, last
+    delivery, last error), the dead letter or its latest record (at most one of them), and the
+    history of its key (of its id, for a keyless one)."""
 
     live: MessageInfo | None
     dead: DeadLetter | None
     record: HistoryRecord | None
     history: list[HistoryRecord]
+    delivery: DeliveryInfo | None = None
 
     @property
     def key(self) -> str | None:
@@ -632,7 +835,8 @@ async def _find(q: AsyncQueue, id: int, key: str | None) -> Found | None:
     history (key's records when key is given and holds it, else the newest SCAN records); None if none has it."""
     live = await q.get_id(id)
     if live is not None:  # a live keyless message has no record yet
-        return Found(live, None, None, await q.history(live.key) if live.key is not None else [])
+        history = await q.history(live.key) if live.key is not None else []
+        return Found(live, None, None, history, await _unless_missing(q.delivery_of(id)))
     dead = next((d for d in await q.dead_letters(SCAN) if d.id == id), None)
     if dead is not None:
         return Found(None, dead, None, await _records(q, dead.key, id))
@@ -707,6 +911,15 @@ async def cancel(request: Request, queue: QueueName, id: MessageId) -> Response:
         return await _after_action(request, queue, id, "Cancelled.", before.key)
     except ApiError:  # no record kept: the queue keeps no history
         return templates.TemplateResponse(request, "_message.html", {"queue": queue, "id": id, "cancelled": True})
+
+
+@router.post("/dashboard/queues/{queue}/messages/{id}/release", response_class=HTMLResponse)
+async def release(request: Request, queue: QueueName, id: MessageId) -> Response:
+    """End the running lease of message id now, without its token (due now, its holder's ack
+    fails; a lease that is not running is left as it is); admin scope."""
+    authorize(request, "admin", queue)
+    done = await _queue(request, queue).release(id)
+    return await _after_action(request, queue, id, _released(id, done))
 
 
 @router.post("/dashboard/queues/{queue}/messages/{id}/redrive", response_class=HTMLResponse)

@@ -19,7 +19,8 @@ from typing import Any
 import psycopg
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 from psycopg import sql
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -93,7 +94,7 @@ class RequestMetrics:
 
 
 class _Families:
-    """A collector of metric families read beforehand (the queues' stats)."""
+    """A collector of metric families read beforehand (the history's)."""
 
     def __init__(self, families: Iterable[Metric]) -> None:
         self.families = list(families)
@@ -102,40 +103,46 @@ class _Families:
         return self.families
 
 
-def queue_families(stats: list[QueueStats], dead: list[DeadLetterStats], waiting: int, now: datetime) -> list[Metric]:
-    """Gauges of every queue's counts (dead letters too), its oldest ready message's age and its next due time."""
+def _label(value: str) -> str:
+    """A label value in the text format: backslash, newline and double quote escaped (as prometheus_client)."""
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _gauge(name: str, doc: str, samples: Iterable[tuple[str | None, float]]) -> list[str]:
+    """A gauge family in the text format, as prometheus_client writes it: HELP, TYPE, a line per
+    (queue, value) (queue None: no label). Written directly: 20,000 queues' families took
+    prometheus_client's objects 4.7 s, these strings a tenth of it."""
+    lines = [f"# HELP {name} {doc}\n", f"# TYPE {name} gauge\n"]
+    for queue, value in samples:
+        labels = "" if queue is None else f'{{queue="{_label(queue)}"}}'
+        lines.append(f"{name}{labels} {floatToGoString(value)}\n")  # type: ignore[no-untyped-call]
+    return lines
+
+
+def queue_text(stats: list[QueueStats], dead: list[DeadLetterStats], waiting: int, now: datetime) -> bytes:
+    """Gauges of every queue's counts (dead letters too), its oldest ready message's age and its next
+    due time, and the waiting long polls, in the text format."""
     counts = {
         "ready": "Messages due now (a message held back by its channel's limits counts)",
         "delayed": "Messages not leased and due later",
         "leased": "Messages whose lease still runs",
     }
-    families = []
+    lines = []
     for field, doc in counts.items():
-        family = GaugeMetricFamily(f"pgdq_queue_{field}", doc, labels=["queue"])
-        for s in stats:
-            family.add_metric([s.queue], getattr(s, field))
-        families.append(family)
-    age = GaugeMetricFamily(
-        "pgdq_queue_oldest_ready_age_seconds", "How long the oldest ready message has been due", labels=["queue"]
-    )
-    due = GaugeMetricFamily(
-        "pgdq_queue_next_due_timestamp_seconds", "When the next delayed message falls due", labels=["queue"]
-    )
-    for s in stats:
-        age.add_metric([s.queue], (now - s.oldest_ready_at).total_seconds() if s.oldest_ready_at else 0.0)
-        if s.next_due_at is not None:
-            due.add_metric([s.queue], s.next_due_at.timestamp())
-    dead_letters = GaugeMetricFamily("pgdq_queue_dead_letters", "Dead letters (dq_dead_stats)", labels=["queue"])
+        lines += _gauge(f"pgdq_queue_{field}", doc, ((s.queue, getattr(s, field)) for s in stats))
+    ages = ((s.queue, (now - s.oldest_ready_at).total_seconds() if s.oldest_ready_at else 0.0) for s in stats)
+    lines += _gauge("pgdq_queue_oldest_ready_age_seconds", "How long the oldest ready message has been due", ages)
+    due = ((s.queue, s.next_due_at.timestamp()) for s in stats if s.next_due_at is not None)
+    lines += _gauge("pgdq_queue_next_due_timestamp_seconds", "When the next delayed message falls due", due)
     dead_counts = {d.queue: d.dead for d in dead}
-    for name in sorted({s.queue for s in stats} | dead_counts.keys()):
-        dead_letters.add_metric([name], dead_counts.get(name, 0))
-    paused = GaugeMetricFamily("pgdq_queue_paused", "1 while the queue is paused (dq_pause), else 0", labels=["queue"])
-    for s in stats:
-        if s.paused is not None:  # None: SQL before 1.2
-            paused.add_metric([s.queue], float(s.paused))
-    polls = GaugeMetricFamily("pgdq_http_waiting_polls", "Long polls of this server process waiting now")
-    polls.add_metric([], waiting)
-    return [*families, age, due, dead_letters, paused, polls]
+    names = sorted({s.queue for s in stats} | dead_counts.keys())
+    lines += _gauge(
+        "pgdq_queue_dead_letters", "Dead letters (dq_dead_stats)", ((n, dead_counts.get(n, 0)) for n in names)
+    )
+    paused = ((s.queue, float(s.paused)) for s in stats if s.paused is not None)  # None: SQL before 1.2
+    lines += _gauge("pgdq_queue_paused", "1 while the queue is paused (dq_pause), else 0", paused)
+    lines += _gauge("pgdq_http_waiting_polls", "Long polls of this server process waiting now", [(None, waiting)])
+    return "".join(lines).encode()
 
 
 # --- history -----------------------------------------------------------------------------
@@ -156,7 +163,8 @@ BOUNDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60
 MEASURES = ("lateness", "run")
 
 # The one statement of a scrape: the database's clock, and for each queue
-# with retention (dq_queues.retain: no function lists them) its minutes
+# with retention (dq_queues.retain: no function lists them; only those of
+# names when given: the dashboard's page of queues) its minutes
 # from since (NULL: the current minute) on, none for a queue without records
 # there: a row of outcome counts (measure NULL) per minute from
 # dq_history_stats, and a row per measure and bin from dq_history_bins.
@@ -181,7 +189,7 @@ _HISTORY = """SELECT n.now_at, h.queue, h.bucket_at, h.acked, h.dead, h.cancelle
             SELECT x.minute_at, NULL, NULL, NULL, x.measure, x.bin, x.n
             FROM {bins}(r.queue, f.since_at) AS x
         ) AS b ON true
-        WHERE r.retain IS NOT NULL
+        WHERE r.retain IS NOT NULL AND (%(names)s::text[] IS NULL OR r.queue = ANY(%(names)s::text[]))
     ) AS h ON true
     ORDER BY h.queue, h.bucket_at"""
 
@@ -291,7 +299,8 @@ class HistoryMetrics:
         """Read the history (one statement on conn) and return the metric
         families; none where it cannot be read (logged once)."""
         try:
-            cursor = await conn.execute(history_statement(schema), {"since": self._mark, "span": MAX_SPAN})
+            params = {"since": self._mark, "span": MAX_SPAN, "names": None}
+            cursor = await conn.execute(history_statement(schema), params)
             rows = await cursor.fetchall()
         except _UNAVAILABLE as e:
             if not self._warned:
@@ -381,8 +390,8 @@ async def metrics(request: Request) -> Response:
     stats, dead = await client.stats(), await client.dead_stats()
     async with app.state.pool.connection() as conn:
         history = await app.state.history_metrics.families(conn, app.state.settings.schema)
-    queues = CollectorRegistry()
-    queues.register(_Families(queue_families(stats, dead, app.state.wakeups.waiting(), datetime.now(UTC))))
-    queues.register(_Families(history))
-    body = generate_latest(queues) + generate_latest(app.state.request_metrics.registry)
+    retained = CollectorRegistry()
+    retained.register(_Families(history))
+    body = queue_text(stats, dead, app.state.wakeups.waiting(), datetime.now(UTC))
+    body += generate_latest(retained) + generate_latest(app.state.request_metrics.registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
