@@ -184,6 +184,10 @@ CALLS = {
     "dq_history": "SELECT * FROM dq_history(%(q)s)",
     "dq_history_stats": "SELECT * FROM dq_history_stats(%(q)s, now() - interval '1 hour', '1 minute')",
     "dq_history_bins": "SELECT * FROM dq_history_bins(%(q)s, now() - interval '1 hour')",
+    "dq_deliveries": "SELECT * FROM dq_deliveries(%(q)s, 'retrying')",
+    "dq_delivery_of": "SELECT * FROM dq_delivery_of(%(q)s, 1)",
+    "dq_release": "SELECT dq_release(%(q)s, 1)",
+    "dq_dead_counts": "SELECT * FROM dq_dead_counts(%(q)s, now() - interval '1 hour', '1 minute')",
 }
 
 

@@ -51,20 +51,27 @@ ROUTES: dict[str, str] = {
         " dq_due_hours dq_configure dq_channel_set dq_channel_remove dq_channels dq_cron_install"
         " dq_cron_uninstall dq_dead_list dq_dead_purge dq_dead_redrive dq_schedule_set dq_schedule_remove"
         " dq_send dq_send_many dq_get_id dq_cancel_id dq_dead_redrive_id dq_dead_purge_id"
-        " dq_pause dq_resume dq_retain dq_history dq_history_stats dq_history_bins dq_browse dq_run_now".split(),
+        " dq_pause dq_resume dq_retain dq_history dq_history_stats dq_history_bins dq_browse dq_run_now"
+        " dq_deliveries dq_delivery_of dq_release".split(),
         "queue",
     ),
     **dict.fromkeys("dq_ack dq_nack dq_extend dq_dead_letter".split(), "token"),
     "dq_ack_many": "tokens",
     "dq_ack_poll": "ack_poll",
-    **dict.fromkeys("dq_stats dq_dead_stats dq_schedules".split(), "queue_or_all"),
+    **dict.fromkeys("dq_stats dq_dead_stats dq_schedules dq_dead_counts".split(), "queue_or_all"),
     "dq_key_queues": "all",
     **dict.fromkeys("dq_now dq_version dq_cron_next".split(), "any"),
 }
 # Snapshot reads (pgdq.spark) need one server's snapshot: read each partition directly.
 NOT_ROUTED = frozenset({"dq_read_bounds", "dq_read_messages", "dq_read_dead_letters"})
 # The order of a merged result, as the function itself orders it
-MERGED_ORDER = {"dq_stats": "1", "dq_dead_stats": "1", "dq_schedules": "1, 2", "dq_key_queues": "1"}
+MERGED_ORDER = {
+    "dq_stats": "1",
+    "dq_dead_stats": "1",
+    "dq_schedules": "1, 2",
+    "dq_key_queues": "1",
+    "dq_dead_counts": "1, 2",
+}
 
 
 @dataclass(frozen=True)
