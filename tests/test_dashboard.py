@@ -931,3 +931,14 @@ def test_the_overview_shows_a_page_of_queues_and_finds_one(
     finally:
         with psycopg.connect(owner(database, q.name), autocommit=True) as c:
             c.execute("SELECT dq_purge(n) FROM unnest(%s::text[]) AS n", (names,))
+
+
+def test_a_paused_queue_with_no_messages_is_listed_and_has_a_page(server: Server, q: Queue) -> None:
+    """Review: a paused queue with no messages was missing from the overview (and a page of a
+    queue pgdq does not know is 404, so an idle paused queue must still be known)."""
+    assert q.pause() and q.stats().ready == 0
+    page = _page_client(server.url)
+    overview = page.get("/", params={"search": q.name})
+    assert overview.status_code == 200 and f'data-queue="{q.name}"' in overview.text
+    assert page.get(f"/queues/{q.name}").status_code == 200
+    page.close()
