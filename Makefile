@@ -7,6 +7,8 @@
 #                     fresh install, without upgraded installs, routers, failover, fuzzing, browser
 #   PG=16|17|18       demo, serve-demo, spark-demo, bench and check on that PostgreSQL (default
 #                     15; scripts/pgbin.sh fetches it), test on that one alone
+#   make bench        pgdq against the raw-SQL ceiling and the peers (BENCH_ARGS=...; bench/bench.py)
+#   make bench-quick  a few minutes: pgdq's rows against raw SQL on W1-W3 (BENCH_ARGS='--workloads W8')
 #   make serve-demo   pgdq serve on the demo cluster, busy demo queues: prints the dashboard's address
 #                     (SERVE_ARGS='--port 9000'; default 8080)
 #   make install      PGXS: install the extension (then CREATE EXTENSION pgdq)
@@ -52,7 +54,7 @@ PY := $(VENV)/bin/python
 $(DATA_built): python/pgdq/_script.py $(SQL_SOURCES)
 	python3 python/pgdq/_script.py --extension > $@.tmp && mv $@.tmp $@
 
-.PHONY: sql deps venv demo test check lint installcheck pytest cluster-stop sync-code bench spark-demo serve-demo
+.PHONY: sql deps venv demo test check lint installcheck pytest cluster-stop sync-code bench bench-quick spark-demo serve-demo
 
 # The plain install script, for servers where extensions cannot be added.
 sql:
@@ -109,8 +111,9 @@ spark-demo: $(VENV)/.stamp-spark
 
 # every version's clusters that exist
 cluster-stop:
-	for v in 15 16 17 18; do for name in test demo bench test-shard0 test-shard1 test-shard2 test-shard3; do \
-	  if [ $$v = 15 ] || [ -e .pgdq/$$name-pg$$v ]; then PGDQ_PG=$$v scripts/pgcluster.sh stop $$name; fi; done; done
+	for dir in .pgdq/*/; do name=$$(basename "$$dir") v=15; \
+	  case $$name in *-pg1[678]) v=$${name##*-pg} name=$${name%-pg*} ;; esac; \
+	  PGDQ_PG=$$v scripts/pgcluster.sh stop "$$name"; done
 
 sync-code: venv
 	$(VENV)/bin/python python/tools/gen_sync.py
@@ -118,3 +121,7 @@ sync-code: venv
 
 bench: venv
 	scripts/bench.sh $(BENCH_ARGS)
+
+# a few minutes: the ratios a change to the hot path moves (bench/bench.py, --quick)
+bench-quick: venv
+	scripts/bench.sh --quick $(BENCH_ARGS)

@@ -9,6 +9,12 @@ writes bench/results/<time>.json.
 W1-W3 run --repeat times per system, the systems taking turns, and the table
 shows the median: the machine (README, "Numbers": 2 shared vCPU) is shared, and a single run moves by
 10-20 %.
+
+--quick (`make bench-quick`, a few minutes): the ratios a change to pgdq's
+hot path moves, pgdq's rows (Queue and SQL, keyed and keyless) against their
+raw-SQL ceilings, on W1-W3 at a quarter of their counts, still --repeat
+times interleaved; --workloads and --systems choose others (at a tenth of
+their counts beyond W1-W3).
 """
 
 from __future__ import annotations
@@ -393,6 +399,9 @@ WORKLOADS = {
 
 
 REPEATED = ("W1", "W2", "W3")  # short throughput runs: repeated, interleaved, median kept
+# --quick: pgdq's ways of calling it against their raw-SQL ceilings (RATIOS), on W1-W3
+QUICK_SYSTEMS = ("raw SQL", "pgdq", "pgdq SQL", "raw SQL keyless", "pgdq keyless", "pgdq SQL keyless")
+QUICK_SCALE = {w: 0.25 for w in REPEATED}  # W1-W3's counts in a quick run; other workloads a tenth
 KNOWN = {**SYSTEMS, **ROUTED}  # every system a --systems may name; by default SYSTEMS run
 # W10, the hop through a pgdq.shard router: W1-W3, direct and through routers over 1, 2 and 4 partitions
 W10 = ("W1,W2,W3", ",".join(["pgdq", *ROUTED]))
@@ -400,22 +409,26 @@ W10 = ("W1,W2,W3", ",".join(["pgdq", *ROUTED]))
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
-    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="W1,W2,...; W10 alone: W1-W3 through routers")
+    parser.add_argument("--systems", help=f"default: {', '.join(SYSTEMS)}; --quick: {', '.join(QUICK_SYSTEMS)}")
+    parser.add_argument("--workloads", help="W1,W2,... (default: all; --quick: W1-W3); W10 alone: W1-W3 via routers")
     parser.add_argument("--repeat", type=int, default=3, help="runs of W1-W3 per system, interleaved (median kept)")
-    parser.add_argument("--quick", action="store_true", help="a tenth of every count, one run each (smoke run)")
+    parser.add_argument(
+        "--quick", action="store_true", help="a few minutes: pgdq against raw SQL on W1-W3 at a quarter of their counts"
+    )
     parser.add_argument(
         "--stats-messages", type=int, help="W11: messages for the overview (default 10,000,000; --quick a tenth)"
     )
     args = parser.parse_args()
     stats_cost.STATS_MESSAGES = args.stats_messages
+    args.systems = args.systems or ",".join(QUICK_SYSTEMS if args.quick else SYSTEMS)
+    args.workloads = args.workloads or ",".join(REPEATED if args.quick else WORKLOADS)
     if args.workloads == "W10":
         args.workloads, args.systems = W10
-    common.SCALE = 0.1 if args.quick else 1.0
     names = [name for name in args.systems.split(",") if runnable(KNOWN[name])]
     samples: dict[str, dict[str, list[float]]] = {name: {} for name in names}
     for w in args.workloads.split(","):
-        runs = args.repeat if w in REPEATED and not args.quick else 1
+        common.SCALE = QUICK_SCALE.get(w, 0.1) if args.quick else 1.0
+        runs = args.repeat if w in REPEATED else 1
         for run in range(1, runs + 1):
             # systems take turns, so a noisy minute on this shared machine hits them all
             for name in names:
@@ -428,7 +441,8 @@ def main() -> int:
     out = ROOT / "bench/results"
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    record = {"at": stamp, "scale": common.SCALE, "repeat": args.repeat, "results": results, "samples": samples}
+    scale = {w: QUICK_SCALE.get(w, 0.1) if args.quick else 1.0 for w in args.workloads.split(",")}
+    record = {"at": stamp, "scale": scale, "repeat": args.repeat, "results": results, "samples": samples}
     (out / f"{stamp}.json").write_text(json.dumps(record, indent=2))
     console.print(f"wrote bench/results/{stamp}.json")
     return 0

@@ -10,7 +10,7 @@ import psycopg
 from psycopg import sql
 from systems import System
 
-SCALE = 1.0  # --quick shrinks every count (bench.py sets it)
+SCALE = 1.0  # --quick shrinks the counts of the workload under way (bench.py sets it)
 
 
 def n(count: int) -> int:

@@ -54,15 +54,16 @@ esac
 first_port=$((first_port + (version - 15) * 100)) # each version from a range of its own
 
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# in use, or kept by another cluster of this checkout (stopped, it listens on nothing)
+port_taken() { port_in_use "$1" || cat "$root"/.pgdq/*/port 2>/dev/null | grep -qx "$1"; }
 
 # A cluster keeps the port it was created with (another checkout's cluster may
 # hold the default one, so a new cluster takes the next free port).
-if [ -f "$base/port" ]; then
-  port=$(cat "$base/port")
-else
+choose_port() {
   port=$first_port
-  while port_in_use "$port"; do port=$((port + 1)); done
-fi
+  while port_taken "$port"; do port=$((port + 1)); done
+}
+if [ -f "$base/port" ]; then port=$(cat "$base/port"); else choose_port; fi
 
 # as root, run as postgres (from /: it may not reach the current directory)
 as_owner() {
@@ -107,7 +108,7 @@ running() { as_owner "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1; }
 # Move the cluster to the next port that nothing listens on.
 move_port() {
   port=$((port + 1))
-  while port_in_use "$port"; do port=$((port + 1)); done
+  while port_taken "$port"; do port=$((port + 1)); done
   echo "$port" >"$base/port"
   echo "port = $port" | as_owner tee -a "$data/postgresql.conf" >/dev/null
 }
@@ -124,7 +125,7 @@ start() {
   local tries=0 lines
   while true; do
     lines=$( (wc -l <"$base/server.log") 2>/dev/null || echo 0)
-    as_owner "$bindir/pg_ctl" -D "$data" -l "$base/server.log" -w -t 60 start >/dev/null && return 0
+    as_owner "$bindir/pg_ctl" -D "$data" -l "$base/server.log" -w -t 60 start >/dev/null 9>&- && return 0
     tries=$((tries + 1))
     if [ "$tries" -lt 5 ] && tail -n +"$((lines + 1))" "$base/server.log" | grep -q 'could not create any TCP/IP sockets'; then
       move_port
@@ -134,8 +135,18 @@ start() {
   done
 }
 
+# One start at a time per checkout (make test starts clusters from jobs that
+# run at once): two new clusters would otherwise pick the same free port.
+locked_start() {
+  mkdir -p "$root/.pgdq"
+  exec 9>"$root/.pgdq/.start.lock"
+  flock 9 # the server started below must not hold it: pg_ctl runs with 9 closed
+  [ -f "$base/port" ] || choose_port # chosen again under the lock
+  start
+}
+
 case "$cmd" in
-  start) start ;;
+  start) locked_start ;;
   stop)
     if running; then
       as_owner "$bindir/pg_ctl" -D "$data" -m fast -w stop >/dev/null \
@@ -145,7 +156,7 @@ case "$cmd" in
       echo "cluster $name was not running: nothing to stop"
     fi
     ;;
-  restart) start; as_owner "$bindir/pg_ctl" -D "$data" -m fast -w restart -l "$base/server.log" >/dev/null ;;
+  restart) locked_start; as_owner "$bindir/pg_ctl" -D "$data" -m fast -w restart -l "$base/server.log" >/dev/null 9>&- ;;
   crash-restart) as_owner "$bindir/pg_ctl" -D "$data" -m immediate -w restart -l "$base/server.log" >/dev/null ;;
   status) running && echo "running on port $port ($data)" || { echo "stopped"; exit 3; } ;;
   env)

@@ -30,6 +30,10 @@ INSTALL = os.environ.get("PGDQ_TEST_INSTALL", "fresh")
 # > 0: the test database is a PL/Proxy router (pgdq.shard) over this many
 # partitions, each a throwaway cluster of its own (test-shard0, ...).
 SHARDS = int(os.environ.get("PGDQ_TEST_SHARDS", "0"))
+# The repo's throwaway cluster the suite runs on (scripts/pgcluster.sh), and
+# the prefix of its partition clusters: make test runs suites at once, each
+# that restarts servers or makes cluster-wide roles on clusters of its own.
+CLUSTER = os.environ.get("PGDQ_TEST_CLUSTER", "test")
 
 
 # The share of each property test's examples to run: make check runs a quarter
@@ -73,7 +77,19 @@ def _cluster_env() -> None:
     """Point PG* at the repo's test cluster (started here) unless already set."""
     if os.environ.get("PGHOST"):
         return
-    os.environ.update(start_cluster("test"))
+    os.environ.update(start_cluster(CLUSTER))
+
+
+def own_cluster() -> bool:
+    """True when PG* points at the repo's test cluster (CLUSTER, of PGDQ_PG's
+    version), which a test may restart."""
+    cluster = subprocess.check_output([str(ROOT / "scripts/pgcluster.sh"), "dir", CLUSTER], text=True).strip()
+    return os.environ.get("PGHOST") == f"{cluster}/run"
+
+
+def partition_cluster(number: int) -> str:
+    """The name of the suite's partition cluster number (scripts/pgcluster.sh)."""
+    return f"{CLUSTER}-shard{number}"
 
 
 def start_cluster(name: str) -> dict[str, str]:
@@ -93,7 +109,7 @@ def partition_databases(count: int, dbname: str = DB) -> list[str]:
     """count partition clusters (started), each with a fresh dbname holding pgdq; their conninfos."""
     conninfos = []
     for number in range(count):
-        env = start_cluster(f"test-shard{number}")
+        env = start_cluster(partition_cluster(number))
         params = {"host": env["PGHOST"], "port": env["PGPORT"], "user": env["PGUSER"]}
         with psycopg.connect(psycopg.conninfo.make_conninfo(dbname="postgres", **params), autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
@@ -228,3 +244,32 @@ def api(server: Server) -> Iterator[httpx.Client]:
     """An HTTP client of the module's server."""
     with httpx.Client(base_url=server.url, timeout=30) as client:
         yield client
+
+
+# make test's parallel runs hand out whole files (pytest-xdist --dist
+# loadfile) in collection order: the longest files first, so that none of them
+# starts last and runs on alone while the other workers idle.
+LONGEST_FIRST = (
+    "test_spark.py",
+    "test_cron_expressions.py",
+    "test_readme.py",
+    "test_dashboard.py",
+    "test_http_guard.py",
+    "test_failover.py",
+    "test_channel_limits.py",
+    "test_http_limits.py",
+    "test_http_manage.py",
+    "test_http.py",
+    "test_http_classic.py",
+    "test_shard.py",
+    "test_upgrade.py",
+    "test_properties.py",
+    "test_channels.py",
+    "test_channels_async.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order the files LONGEST_FIRST, then the rest as collected."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

@@ -26,7 +26,9 @@ class Server:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.process = subprocess.Popen([*command, "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 30
+        # a guard against a hang, not a speed to meet: on 2 loaded cores (make
+        # test's jobs at once, other runs) a start took over 30 s
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.process.stderr.read() if self.process.stderr else ""
             try:

@@ -100,6 +100,8 @@ def croniter_next(expression: str, after: datetime, zone: str) -> datetime | Non
     return found
 
 
+# 2,000 examples took over pytest.ini's 300 s on 2 loaded cores: a hang guard, not a speed to meet
+@pytest.mark.timeout(900)
 @settings(
     max_examples=examples(2000),
     deadline=None,

@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import ROOT, JsonText, owner
+from conftest import CLUSTER, ROOT, JsonText, own_cluster, owner
 from http_server import free_port
 from pgdq import AsyncDelivery, AsyncQueue, Message, Queue
 from pgdq._reconnect import RetryDelays
@@ -647,12 +647,6 @@ def test_crashing_consumers_end_in_the_dead_letters(tmp_path: Path, database: st
     assert dead[0].key == "poison" and dead[0].attempts == 2 and "max_attempts" in (dead[0].error or "")
 
 
-def own_cluster() -> bool:
-    """True when PG* points at the repo's test cluster (of PGDQ_PG's version), which this test may restart."""
-    cluster = subprocess.check_output([str(ROOT / "scripts/pgcluster.sh"), "dir", "test"], text=True).strip()
-    return os.environ.get("PGHOST") == f"{cluster}/run"
-
-
 @pytest.mark.restarts_server
 @pytest.mark.skipif(not own_cluster(), reason="restarts the server: only on the repo's throwaway test cluster")
 def test_worker_survives_a_server_restart(database: str) -> None:
@@ -666,7 +660,7 @@ def test_worker_survives_a_server_restart(database: str) -> None:
         with Queue(queue_name, database) as q:
             q.offer_many([(f"a{i}", i) for i in range(10)])
             wait_for(lambda: len(handled) == 10, "the first batch")
-        subprocess.run([str(ROOT / "scripts/pgcluster.sh"), "crash-restart", "test"], check=True)
+        subprocess.run([str(ROOT / "scripts/pgcluster.sh"), "crash-restart", CLUSTER], check=True)
         with Queue(queue_name, database) as q:
             q.offer_many([(f"b{i}", i) for i in range(10)])
             wait_for(lambda: len(handled) == 20, "the batch after the restart", timeout=40)

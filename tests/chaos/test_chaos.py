@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import ROOT, dsn, partition_databases, recreate_database
+from conftest import CLUSTER, ROOT, dsn, own_cluster, partition_cluster, partition_databases, recreate_database
 from pgdq import shard
 
 AGENTS = Path(__file__).with_name("agents.py")
@@ -26,13 +26,11 @@ QUEUE = "chaos"
 KEYS = 5000
 PRODUCERS = 3
 CONSUMERS = 4
-DEADLINE = 110.0  # seconds for the whole run
-
-
-def own_cluster() -> bool:
-    """True when PG* points at the repo's test cluster, which this test may restart."""
-    run_dir = subprocess.check_output([str(ROOT / "scripts/pgcluster.sh"), "dir", "test"], text=True).strip() + "/run"
-    return os.environ.get("PGHOST") == str(run_dir)
+# seconds for the whole run: a guard against a hang, not a speed to meet (on
+# a loaded machine a consumer killed every second never drained the queue:
+# the kills stop after MAX_KILLS, and the rest drain it)
+DEADLINE = 240.0
+MAX_KILLS = 25
 
 
 def query(conninfo: str, sql: str) -> Any:
@@ -83,7 +81,7 @@ def chaos_router(database: str) -> Iterator[tuple[str, str]]:
         shard.init(c, partitions)
         number = c.execute("SELECT dq_shard_number(%s)", (QUEUE,)).fetchone()[0]  # type: ignore[index]
     create_logs(conninfo)
-    yield conninfo, f"test-shard{number}"
+    yield conninfo, partition_cluster(number)
 
 
 def create_logs(conninfo: str) -> None:
@@ -104,7 +102,7 @@ def run_chaos(
 ) -> list[str]:
     """Run producers and consumers with kills and one server crash (default:
     the test cluster's); the broken rules."""
-    crash = crash or crash_restart("test")
+    crash = crash or crash_restart(CLUSTER)
     rng = random.Random(2024)
     started = time.monotonic()
     share = keys // PRODUCERS
@@ -120,11 +118,12 @@ def run_chaos(
 
     while time.monotonic() - started < DEADLINE:
         time.sleep(rng.uniform(0.7, 1.3))
-        victim = rng.randrange(len(consumers))
-        consumers[victim].send_signal(signal.SIGKILL)
-        consumers[victim].wait()
-        killed.add(consumers[victim].pid)
-        consumers[victim] = spawn("consumer", conninfo, QUEUE, env=env)
+        if len(killed) < MAX_KILLS:
+            victim = rng.randrange(len(consumers))
+            consumers[victim].send_signal(signal.SIGKILL)
+            consumers[victim].wait()
+            killed.add(consumers[victim].pid)
+            consumers[victim] = spawn("consumer", conninfo, QUEUE, env=env)
         if restart_at is None and time.monotonic() - started > 5:
             restart_at = query(conninfo, "SELECT clock_timestamp()")
             crash()
@@ -218,6 +217,7 @@ def test_nothing_lost_through_a_router_with_a_partition_crash(chaos_router: tupl
     assert run_chaos(router, KEYS // 2, env={"PGDQ_CHAOS_ROUTER": "1"}, crash=crash_restart(partition)) == []
 
 
+@pytest.mark.restarts_server  # run_chaos crashes the server here too
 def test_the_checks_catch_a_consumer_that_does_not_ack(chaos_db: str) -> None:
     broken = run_chaos(chaos_db, 1000, env={"PGDQ_CHAOS_BREAK_ACK": "40"})
     assert any(b.startswith("acks (all, distinct keys)") for b in broken), broken
