@@ -148,9 +148,20 @@ def test_overviews_merge_every_partition(sharded: Sharded) -> None:
         assert [s.delayed for s in client.stats(names[3])] == [1]
         assert [s.queue for s in client.schedules() if s.queue in names] == sorted(names)
         assert client.key_queues("shared-key") == sorted(names)
+    for name in names:  # a dead letter each (1.3: failures over time, merged over the partitions)
+        with Queue(name, sharded.router) as q:
+            q.offer("dies", 1)
+            (d,) = q.poll_many(1)
+            d.dead_letter("gone")
+    with Client(sharded.router) as client:
+        an_hour_ago = datetime.now(UTC) - timedelta(hours=1)
+        dead = [c for c in client.dead_counts(an_hour_ago, timedelta(hours=1)) if c.queue in names]
+        assert [c.queue for c in dead] == sorted(names) and sum(c.dead for c in dead) == len(names)
+        assert [c.dead for c in client.dead_counts(an_hour_ago, timedelta(hours=1), names[3])] == [1]
     for name in names:
         with Queue(name, sharded.router) as q:
             q.unschedule("nightly")
+            q.purge_dead_letters()
     purge(sharded.router, names)
 
 

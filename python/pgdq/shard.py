@@ -441,22 +441,22 @@ def _functions(f: Signature) -> list[str]:
                 END IF;
             END $$""",
         ]
-    order = MERGED_ORDER[f.name]
+    order, params = MERGED_ORDER[f.name], _parameters(args)
     merged = [_proxy(f"dq__all_{bare}", f.name, args, _setof(result), "ALL")]
     if route == "all":
         return [
             *merged,
             f"""CREATE FUNCTION @s@.{f.name}({args}) RETURNS {result} LANGUAGE sql STABLE AS $$
-            SELECT * FROM @s@.dq__all_{bare}($1) ORDER BY {order} $$""",
+            SELECT * FROM @s@.dq__all_{bare}({params}) ORDER BY {order} $$""",
         ]
-    assert route == "queue_or_all", route
+    assert route == "queue_or_all", route  # the queue is the first argument
     return [
         *merged,
         _proxy(f"dq__one_{bare}", f.name, args, result, "@s@.dq__queue_hash(queue)"),
         f"""CREATE FUNCTION @s@.{f.name}({args}) RETURNS {result} LANGUAGE sql STABLE AS $$
-        SELECT * FROM @s@.dq__all_{bare}($1) WHERE $1 IS NULL
+        SELECT * FROM @s@.dq__all_{bare}({params}) WHERE $1 IS NULL
         UNION ALL
-        SELECT * FROM @s@.dq__one_{bare}($1) WHERE $1 IS NOT NULL
+        SELECT * FROM @s@.dq__one_{bare}({params}) WHERE $1 IS NOT NULL
         ORDER BY {order} $$""",
     ]
 
