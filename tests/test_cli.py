@@ -28,10 +28,17 @@ import click
 import psycopg
 import pytest
 from click.testing import CliRunner, Result
-from conftest import DB, IN_YOUR_TRANSACTION, dsn, recreate_database, unsharded
+from conftest import DB, IN_YOUR_TRANSACTION, SHARDS, dsn, recreate_database, unsharded
 from pgdq import Queue
 from pgdq import __version__ as pgdq_version
 from pgdq.cli import main
+
+# the CLI tells a typo from a queue by dq_queues, which a PL/Proxy router does not have: every
+# queue counts as known there (UNKNOWN: the exit code of a command on a queue with nothing left)
+UNKNOWN = 0 if SHARDS else 4
+SETTINGS_UNREAD = (
+    "a router has no dq_queues: a queue known by its settings alone (paused, history on) cannot be told from a typo"
+)
 
 
 def pgdq(database: str, *args: str, stdin: str | None = None) -> Result:
@@ -310,6 +317,7 @@ PER_QUEUE = [
 ]
 
 
+@unsharded(SETTINGS_UNREAD)
 @pytest.mark.parametrize("command", PER_QUEUE, ids=lambda c: " ".join(c[:2]))
 def test_a_queue_pgdq_does_not_know_is_exit_4_and_changes_nothing(
     database: str, queue_name: str, command: list[str]
@@ -335,6 +343,7 @@ def test_a_queue_is_known_by_anything_it_has(database: str, queue_name: str) -> 
             assert pgdq(database, "peek", q.name).exit_code == 0, what
 
 
+@unsharded(SETTINGS_UNREAD)
 def test_pause_new_shows_an_idle_paused_queue_in_stats(database: str, queue_name: str) -> None:
     said = pgdq(database, "pause", "--new", queue_name)
     assert said.exit_code == 0 and said.output == f"{queue_name}: paused\n"
@@ -346,6 +355,7 @@ def test_pause_new_shows_an_idle_paused_queue_in_stats(database: str, queue_name
     assert queue_name not in pgdq(database, "stats").output, "resumed, with no messages: not listed"
 
 
+@unsharded(SETTINGS_UNREAD)
 def test_history_says_when_it_is_off(database: str, queue_name: str) -> None:
     with Queue(queue_name, database) as q:
         q.offer("k", 1)
@@ -482,7 +492,8 @@ def test_peek_cancel_and_purge(database: str, queue_name: str) -> None:
     assert asked.exit_code == 1 and "Delete every message of" in asked.output
     assert as_json(pgdq(database, "purge", "--json", queue_name, stdin="y\n")) == {"purged": 2}
     emptied = pgdq(database, "purge", "--yes", "--json", queue_name)
-    assert emptied.exit_code == 4 and "no queue" in emptied.output, "nothing left of it: nothing there to act on"
+    assert emptied.exit_code == UNKNOWN, "nothing left of it: nothing there to act on"
+    assert SHARDS or "no queue" in emptied.output
     with Queue(queue_name, database) as q:
         assert not q.ack(leased.lock_token)
 
@@ -532,7 +543,7 @@ def test_schedules(database: str, queue_name: str) -> None:
     assert as_json(pgdq(database, "schedules", "remove", "--json", queue_name, "nightly")) == {"removed": True}
     assert pgdq(database, "schedules", "remove", queue_name, "paris").output == "removed\n"
     assert pgdq(database, "schedules", "remove", queue_name, "paris").exit_code == 4
-    assert pgdq(database, "schedules", "list", "--json", queue_name).exit_code == 4, "nothing left of the queue"
+    assert pgdq(database, "schedules", "list", "--json", queue_name).exit_code == UNKNOWN, "nothing left of the queue"
 
 
 def test_poll_prints_whole_tokens_into_a_pipe(database: str, queue_name: str) -> None:

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from conftest import unsharded
 from pgdq import InvalidArgument, Message, NullArgument, Queue
 from test_queue import future
 
@@ -119,6 +120,7 @@ def test_finish_records_the_message_acked(q: Queue) -> None:
     assert records == [("dropped", "cancelled", 0), ("done", "acked", 1)]
 
 
+@unsharded("writes a backlog of records into dq_history, which lives on the partitions")
 def test_expiry_does_a_bounded_part_of_a_backlog(database: str, q: Queue) -> None:
     """A statement that records n records expires at most max(1024, 2 n) of
     its queue's aged-out ones (1.3: an ack of 600 deleted all of a backlog,

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from conftest import unsharded
 from pgdq import AsyncQueue, InvalidArgument, Message, NullArgument
 from test_queue_async import future
 
@@ -118,6 +119,7 @@ async def test_finish_records_the_message_acked(aq: AsyncQueue) -> None:
     assert records == [("dropped", "cancelled", 0), ("done", "acked", 1)]
 
 
+@unsharded("writes a backlog of records into dq_history, which lives on the partitions")
 async def test_expiry_does_a_bounded_part_of_a_backlog(database: str, aq: AsyncQueue) -> None:
     """A statement that records n records expires at most max(1024, 2 n) of
     its queue's aged-out ones (1.3: an ack of 600 deleted all of a backlog,

@@ -414,8 +414,12 @@ def queue_settings(
 
 def known(conn: psycopg.Connection[Any], schema: str, q: Queue) -> bool:
     """True when pgdq knows the queue q: it has messages, dead letters,
-    schedules, channels (limits or messages) or settings (see queue_settings)."""
-    if queue_settings(conn, schema, q.name):
+    schedules, channels (limits or messages) or settings (see queue_settings).
+    Where the settings cannot be read (a pgdq.shard router, a role without
+    SELECT on dq_queues), a queue known by its settings alone cannot be told
+    from a typo: every queue counts as known there."""
+    settings = queue_settings(conn, schema, q.name)
+    if settings is None or settings:
         return True
     counts = q.stats()
     if counts.ready or counts.delayed or counts.leased or counts.paused:
