@@ -70,7 +70,7 @@ def test_overview_and_queue_page_match_sql(
     _fill(q)
     page = browser.new_page()
     refused = _csp_refusals(page)
-    page.goto(server.url + "/")
+    page.goto(f"{server.url}/?search={q.name}")  # one page of 100 queues
     row = page.locator(f'tr[data-queue="{queue_name}"]')
     row.wait_for()
     stats = q.stats()
@@ -284,6 +284,7 @@ def test_another_origin_cannot_use_the_cookie(
         page.goto(s.url + "/login")
         page.fill('input[name="token"]', secrets["admin"])
         page.click('button[type="submit"]')
+        page.goto(f"{s.url}/?search={q.name}")  # the overview shows 100 queues a page
         page.locator(f'tr[data-queue="{q.name}"]').wait_for()
         purge = f"{s.url}/dashboard/queues/{q.name}/dead-letters/purge?all=true"
         assert _submit_from(page, other_origin, purge) == 403, "SameSite=Strict sent the cookie (same site), refused"
@@ -367,7 +368,7 @@ def test_overview_totals_and_a_queue_with_only_a_schedule(
     q.schedule("nightly-report", "0 2 * * *", "UTC", {"report": "sales"})
     try:
         page = browser.new_page()
-        page.goto(server.url + "/")
+        page.goto(f"{server.url}/?search={q.name}")  # one page of 100 queues
         row = page.locator(f'tr[data-queue="{q.name}"]')
         sync_api.expect(row.locator('[data-field="schedules"]')).to_have_text("1")
         assert [row.locator(f'[data-field="{f}"]').inner_text() for f in ("ready", "delayed", "leased", "dead")] == [
@@ -388,7 +389,7 @@ def test_overview_totals_and_a_queue_with_only_a_schedule(
             "dead": sum(d.dead for d in dead),
             "schedules": len(schedules),
         }
-        page.goto(server.url + "/")
+        page.goto(f"{server.url}/?search={q.name}")  # one page of 100 queues
         shown = {f: page.locator(f'#totals [data-field="{f}"] b').inner_text() for f in expected}
         assert shown == {f: f"{n:,}" for f, n in expected.items()}
         page.close()
@@ -400,7 +401,7 @@ def test_throughput_chart_with_history_and_what_to_do_without(
     browser: sync_api.Browser, server: Server, q: Queue, database: str
 ) -> None:
     page = browser.new_page()
-    page.goto(server.url + "/")
+    page.goto(f"{server.url}/?search={q.name}")  # one page of 100 queues
     sync_api.expect(page.locator("#throughput-empty")).to_contain_text("pgdq retain QUEUE 7d")
     assert page.locator("#throughput-chart").count() == 0, "no empty chart"
 
@@ -409,7 +410,7 @@ def test_throughput_chart_with_history_and_what_to_do_without(
     events = [(now - timedelta(minutes=10), 2, 0), (now - timedelta(minutes=3), 1, 1), (now - timedelta(hours=3), 5, 0)]
     for at, acked, dead in events:
         _finish(database, q.name, at, acked, dead)
-    page.goto(server.url + "/")
+    page.goto(f"{server.url}/?search={q.name}")  # one page of 100 queues
     sync_api.expect(page.locator('#throughput-totals [data-field="acked"]')).to_have_text("3")
     assert page.locator('#throughput-totals [data-field="failed"]').inner_text() == "1"
     expected = {at.strftime("%H:%M"): [acked, dead, 0] for at, acked, dead in events[:2]}
@@ -674,7 +675,7 @@ def test_first_paint_without_javascript_has_the_data(browser: sync_api.Browser, 
     q.offer("with-headers", {"total": 99}, headers={"traceparent": "00-xyz"})
     context = browser.new_context(java_script_enabled=False)
     page = context.new_page()
-    page.goto(server.url + "/")
+    page.goto(f"{server.url}/?search={q.name}")  # one page of 100 queues
     row = page.locator(f'tr[data-queue="{q.name}"]')
     stats = q.stats()
     cells = [row.locator(f'[data-field="{f}"]').inner_text() for f in ("ready", "delayed", "leased", "dead")]
