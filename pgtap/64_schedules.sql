@@ -256,7 +256,7 @@ SELECT is(
 SELECT is(
     (SELECT last_error FROM dq_schedules('t_flaky')), 'refused by a trigger (SQLSTATE P0001)', 'its error shows'
 );
-SET LOCAL statement_timeout = '300ms';
+SET LOCAL statement_timeout = '1s';  -- the stalled insert sleeps 10 s; the poll's own work takes milliseconds
 SELECT is(
     (SELECT array_agg(key) FROM dq_poll_many('t_slow', 10)), ARRAY['plain'],
     'a poll whose statement timeout fires while a schedule is materialised still delivers the other messages'

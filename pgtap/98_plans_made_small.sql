@@ -6,6 +6,13 @@
 BEGIN;
 SELECT plan(1);
 
+-- Nothing but the calls below may change what they read: no autovacuum or
+-- ANALYZE of the table mid-test (its new statistics replan the session's
+-- plans; the lock keeps them off until ROLLBACK), and the writers' random
+-- folds (12_counts.sql) drawn from a fixed seed, the same every run.
+LOCK TABLE dq_messages IN SHARE UPDATE EXCLUSIVE MODE;
+SELECT setseed(0.5);
+
 -- shared blocks (hit + read) touched by one call, nested statements included
 CREATE FUNCTION pg_temp.blocks(query text) RETURNS int LANGUAGE plpgsql AS $$
 DECLARE plan json;
