@@ -872,6 +872,24 @@ def test_counts_agree_and_actions_say_what_they_did(browser: sync_api.Browser, s
     page.close()
 
 
+def test_an_action_far_down_the_page_shows_its_notice_where_the_operator_is(
+    browser: sync_api.Browser, server: Server, q: Queue
+) -> None:
+    """The notice sits at the top of the page; a dead letter's buttons are thousands of pixels
+    below it. Clicking one there must not leave its notice out of sight (it stays in view)."""
+    _bury(q, 100, "boom: {reason}")
+    page = browser.new_page(viewport={"width": 1280, "height": 720})
+    page.on("dialog", lambda d: d.accept())
+    page.goto(f"{server.url}/queues/{q.name}")
+    row = page.locator('tr[data-key="dead-090"]')
+    row.scroll_into_view_if_needed()
+    assert page.evaluate("scrollY") > 1000, "the row is far below the notice"
+    row.locator("button", has_text="Purge").click()
+    sync_api.expect(page.locator("#notice")).to_have_text("Purged: 1 dead letter deleted.")
+    sync_api.expect(page.locator("#notice")).to_be_in_viewport()
+    page.close()
+
+
 def test_overdue_schedules_are_flagged(browser: sync_api.Browser, server: Server, q: Queue, database: str) -> None:
     with psycopg.connect(owner(database, q.name), autocommit=True) as c:
         c.execute("SELECT set_config('dq.now', %s, false)", ((datetime.now(UTC) - timedelta(hours=1)).isoformat(),))
