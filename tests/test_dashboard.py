@@ -965,3 +965,21 @@ def test_a_paused_queue_with_no_messages_is_listed_and_has_a_page(server: Server
     assert overview.status_code == 200 and f'data-queue="{q.name}"' in overview.text
     assert page.get(f"/queues/{q.name}").status_code == 200
     page.close()
+
+
+def test_the_messages_page_of_a_typo_is_404_like_its_queue_page(
+    browser: sync_api.Browser, server: Server, q: Queue
+) -> None:
+    """/queues/paymnets was 404 but /queues/paymnets/messages rendered "No messages in paymnets
+    now.", tabs and a search, as if the queue existed. A queue that exists with no messages
+    (paused, dead letters only) keeps its page."""
+    page = browser.new_page()
+    typo = page.goto(f"{server.url}/queues/{q.name}-typo/messages")
+    assert typo is not None and typo.status == 404
+    sync_api.expect(page.locator("#error-page")).to_contain_text("No such queue")
+    assert page.locator("form.search").count() == 0
+    _bury(q, 1, "boom")  # dead letters only: no live message, but the queue exists
+    shown = page.goto(f"{server.url}/queues/{q.name}/messages")
+    assert shown is not None and shown.status == 200
+    sync_api.expect(page.locator("body")).to_contain_text(f"No messages in {q.name} now.")
+    page.close()
