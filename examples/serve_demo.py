@@ -25,15 +25,17 @@ from pgdq.http import Settings, create_app
 ORDERS, WEBHOOKS, REPORTS = "pgdq_demo_orders", "pgdq_demo_webhooks", "pgdq_demo_reports"
 
 
-def seed(dsn: str) -> None:
-    """The demo's queues, emptied and filled: a day of orders, webhooks in channels, a schedule, a dead letter."""
+def seed(dsn: str, keep_dead_letters: bool = False) -> None:
+    """The demo's queues, emptied (their dead letters too, unless kept) and filled: a day of orders,
+    webhooks in channels, a schedule, a dead letter."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         install(conn, if_not_exists=True)
     now, rng = datetime.now(UTC), random.Random(7)
     orders, webhooks, reports = (Queue(name, dsn) for name in (ORDERS, WEBHOOKS, REPORTS))
     for q in (orders, webhooks, reports):
         q.purge()
-        q.purge_dead_letters()
+        if not keep_dead_letters:
+            q.purge_dead_letters()
     peak = [now + timedelta(hours=rng.triangular(0, 24, 9)) for _ in range(1500)]
     orders.offer_many(Message(f"close-unpaid-order-{n}", {"order": n}, at) for n, at in enumerate(peak))
     orders.offer_many(Message(f"close-unpaid-order-late-{n}", {"order": n}) for n in range(5))
@@ -67,8 +69,14 @@ def main() -> int:
     dsn = os.environ.get("DATABASE_URL", "")
     parser = argparse.ArgumentParser(description="pgdq serve on busy demo queues")
     parser.add_argument("--port", type=int, default=8080)
-    port = parser.parse_args().port
-    seed(dsn)
+    parser.add_argument(
+        "--keep-dead-letters",
+        action="store_true",
+        help="keep the queues' dead letters (python/tools/dashboard_screenshot.py's day of failures)",
+    )
+    args = parser.parse_args()
+    port = args.port
+    seed(dsn, args.keep_dead_letters)
     stop = threading.Event()
     threading.Thread(target=keep_busy, args=(dsn, stop), daemon=True).start()
     print(

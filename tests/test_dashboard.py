@@ -872,6 +872,24 @@ def test_counts_agree_and_actions_say_what_they_did(browser: sync_api.Browser, s
     page.close()
 
 
+def test_an_action_far_down_the_page_shows_its_notice_where_the_operator_is(
+    browser: sync_api.Browser, server: Server, q: Queue
+) -> None:
+    """The notice sits at the top of the page; a dead letter's buttons are thousands of pixels
+    below it. Clicking one there must not leave its notice out of sight (it stays in view)."""
+    _bury(q, 100, "boom: {reason}")
+    page = browser.new_page(viewport={"width": 1280, "height": 720})
+    page.on("dialog", lambda d: d.accept())
+    page.goto(f"{server.url}/queues/{q.name}")
+    row = page.locator('tr[data-key="dead-090"]')
+    row.scroll_into_view_if_needed()
+    assert page.evaluate("scrollY") > 1000, "the row is far below the notice"
+    row.locator("button", has_text="Purge").click()
+    sync_api.expect(page.locator("#notice")).to_have_text("Purged: 1 dead letter deleted.")
+    sync_api.expect(page.locator("#notice")).to_be_in_viewport()
+    page.close()
+
+
 def test_overdue_schedules_are_flagged(browser: sync_api.Browser, server: Server, q: Queue, database: str) -> None:
     with psycopg.connect(owner(database, q.name), autocommit=True) as c:
         c.execute("SELECT set_config('dq.now', %s, false)", ((datetime.now(UTC) - timedelta(hours=1)).isoformat(),))
@@ -946,4 +964,22 @@ def test_a_paused_queue_with_no_messages_is_listed_and_has_a_page(server: Server
     overview = page.get("/", params={"search": q.name})
     assert overview.status_code == 200 and f'data-queue="{q.name}"' in overview.text
     assert page.get(f"/queues/{q.name}").status_code == 200
+    page.close()
+
+
+def test_the_messages_page_of_a_typo_is_404_like_its_queue_page(
+    browser: sync_api.Browser, server: Server, q: Queue
+) -> None:
+    """/queues/paymnets was 404 but /queues/paymnets/messages rendered "No messages in paymnets
+    now.", tabs and a search, as if the queue existed. A queue that exists with no messages
+    (paused, dead letters only) keeps its page."""
+    page = browser.new_page()
+    typo = page.goto(f"{server.url}/queues/{q.name}-typo/messages")
+    assert typo is not None and typo.status == 404
+    sync_api.expect(page.locator("#error-page")).to_contain_text("No such queue")
+    assert page.locator("form.search").count() == 0
+    _bury(q, 1, "boom")  # dead letters only: no live message, but the queue exists
+    shown = page.goto(f"{server.url}/queues/{q.name}/messages")
+    assert shown is not None and shown.status == 200
+    sync_api.expect(page.locator("body")).to_contain_text(f"No messages in {q.name} now.")
     page.close()

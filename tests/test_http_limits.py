@@ -491,6 +491,16 @@ def test_serve_exits_0_after_a_graceful_stop(database: str, sig: signal.Signals)
     assert s.process.wait(30) == 0, s.process.stderr.read() if s.process.stderr else ""
 
 
+def test_serve_says_where_it_listens(database: str) -> None:
+    """uvicorn names no address when handed a socket: pgdq serve's own line must, or a newcomer
+    who ran it has to guess the dashboard's URL."""
+    s = serve(database)
+    s.process.send_signal(signal.SIGTERM)
+    assert s.process.wait(30) == 0
+    said = s.process.stderr.read() if s.process.stderr else ""
+    assert f"pgdq serve: the dashboard at {s.url}/, the API under {s.url}/v1" in said, said
+
+
 # `pgdq serve` as if the http extra were not installed: its modules cannot be imported
 WITHOUT_HTTP_EXTRA = """
 import runpy, sys

@@ -358,3 +358,30 @@ def test_relative_links_lead_somewhere() -> None:
         links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme.read_text())
         broken = [t for t in links if "://" in t or not (readme.parent / t).exists()]
         assert not broken, f"links in {readme.relative_to(ROOT)} that lead outside the repository or nowhere: {broken}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped (not - or _), spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_between_the_docs_reach_their_files_and_headings() -> None:
+    """Every relative link of the READMEs and docs/*.md leads to a file, and a #part of a
+    Markdown file to one of its headings (a newcomer following [Installing](install.md#installing)
+    landed at the top of a page with no such heading)."""
+    pages = sorted({*READMES, *(ROOT / "docs").glob("*.md")})
+    broken = []
+    for page in pages:
+        for target, part in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            path = (page.parent / target) if target else page
+            if not path.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif part and path.suffix == ".md":
+                text = path.read_text()
+                anchors = {_slug(h) for h in re.findall(r"^#+ +(.*)$", text, re.M)}
+                anchors |= set(re.findall(r"<a (?:name|id)=\"([^\"]+)\"", text))
+                if part not in anchors:
+                    broken.append(f"{page.relative_to(ROOT)}: {target}#{part}")
+    assert not broken, f"links that lead nowhere: {broken}"

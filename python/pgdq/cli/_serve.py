@@ -146,6 +146,9 @@ def serve(
         limit_concurrency=limit_concurrency,
     )
     server = uvicorn.Server(config)
+    # uvicorn names no address when handed a socket: say where to point a browser
+    base = _base_url(listening)
+    click.echo(f"pgdq serve: the dashboard at {base}/, the API under {base}/v1 (Ctrl-C stops it)", err=True)
     _run_until_signalled(server, listening)
     if not server.started:
         raise click.ClickException("the server did not start (see the log above)")
@@ -161,6 +164,12 @@ def _run_until_signalled(server: Any, listening: socket.socket) -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _base_url(listening: socket.socket) -> str:
+    """http://host:port of a listening socket (the port it really got; an IPv6 address in brackets)."""
+    host, port = listening.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -780,13 +780,17 @@ async def messages_page(
     if after_due is not None and after_due.utcoffset() is None:
         raise ApiError(400, "after_due must name its time zone (as the page's Next link does)")
     q = _queue(request, queue)
+    stats = await q.stats()
+    # a queue with no message may be a typo: 404 as its queue page (asked only then: one small summary)
+    if not (stats.ready or stats.delayed or stats.leased) and not _exists(await _summary_context(request, queue)):
+        raise _no_such_queue()
     after = _after(queue, after_due, after_id) if after_due is not None and after_id is not None else None
     found = await _browse(request, queue, state, prefix, after, limit + 1)
     page, more = found[:limit], len(found) > limit
     link = functools.partial(_messages_link, queue, state=state, prefix=prefix, limit=limit)
     context = {
         "queue": queue,
-        "stats": await q.stats(),
+        "stats": stats,
         "messages": page,
         "state": state,
         "prefix": prefix,
