@@ -24,7 +24,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,8 @@ READMES = (README, *(ROOT / "docs" / f"{name}.md" for name in WALKTHROUGH_DOCS),
 # the layout table of the repository
 LAYOUT = ROOT / "docs/development.md"
 LANGUAGES = {"sql": "sql", "python": "python", "sh": "sh", "bash": "sh", "console": "sh"}
-RUNNING_FOR = 3.0  # seconds a "runs until stopped" block must keep running
+STARTED = "pgdq worker starting"  # the line a "runs until stopped" block prints once it runs
+STOPPED = "pgdq worker stopped cleanly"  # and the line it prints when SIGTERM stopped it
 
 
 @dataclass(frozen=True)
@@ -297,12 +297,18 @@ def test_blocks_that_run_until_stopped(block: Block, demo_env: dict[str, str], t
         start_new_session=True,
     )
     try:
-        time.sleep(RUNNING_FOR)
-        assert process.poll() is None, f"{block} ended early (exit {process.returncode}):\n{process.communicate()[0]}"
+        assert process.stdout is not None
+        printed = []
+        for line in process.stdout:  # until it says it runs (pytest-timeout ends a silent hang)
+            printed.append(line)
+            if STARTED in line:
+                break
+        else:
+            raise AssertionError(f"{block} ended (exit {process.wait()}) before {STARTED!r}:\n{''.join(printed)}")
         os.killpg(process.pid, signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
+        output = "".join(printed) + process.communicate(timeout=60)[0]
         assert process.returncode == 0, f"{block}: exit {process.returncode} after SIGTERM:\n{output}"
-        assert output.strip(), f"{block} printed nothing: a reader would not see what it does"
+        assert STOPPED in output, f"{block} did not say it stopped cleanly:\n{output}"
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
