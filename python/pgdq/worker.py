@@ -327,7 +327,10 @@ class Worker:
         sources = [self.listen_dsn]
         if self.listen_dsn == self.dsn:
             sources = await retrying(
-                "asking where wake-ups are raised", self._partitions, log=log, errors=DATABASE_ERRORS
+                "reaching the database (to find where wake-ups are raised)",
+                self._partitions,
+                log=log,
+                errors=DATABASE_ERRORS,
             )
         await asyncio.gather(*(self._listen_to(source) for source in sources))
 

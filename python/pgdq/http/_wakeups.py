@@ -67,7 +67,9 @@ class Wakeups:
         """LISTEN where wake-ups are raised: on dsn, or through a router on every
         partition (any queue may be asked for), each connection opened again whenever it fails."""
         find = partial(shard.wakeup_sources, self.dsn, self.schema or "public", None)
-        sources = await retrying("asking where wake-ups are raised", find, log=log, errors=DATABASE_ERRORS)
+        sources = await retrying(
+            "reaching the database (to find where wake-ups are raised)", find, log=log, errors=DATABASE_ERRORS
+        )
         await asyncio.gather(*(self._listen_to(source) for source in sources))
 
     async def _listen_to(self, source: str) -> None:
