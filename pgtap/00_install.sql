@@ -1,7 +1,7 @@
 -- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
 -- defaults, security settings, the dq_delivery type, dq_now and dq_version.
 BEGIN;
-SELECT plan(142);
+SELECT plan(144);
 
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
@@ -200,8 +200,9 @@ INSERT INTO expected VALUES
     'queue text, since timestamp with time zone',
     'TABLE(minute_at timestamp with time zone, measure text, bin smallint, n bigint)'
 ),
--- a message finished by key, recorded as acked (1.3)
+-- a message finished by key or by id, recorded as acked (1.3)
 ('dq_finish', 'queue text, key text', 'boolean'),
+('dq_finish_id', 'queue text, id bigint', 'boolean'),
 -- running and retrying messages, releasing a lease, failures over time (1.3, the dashboard's)
 (
     'dq_deliveries',

@@ -50,7 +50,7 @@ ROUTES: dict[str, str] = {
         "dq_offer dq_offer_many dq_poll dq_poll_many dq_cancel dq_finish dq_get dq_peek dq_purge dq_next_due"
         " dq_due_hours dq_configure dq_channel_set dq_channel_remove dq_channels dq_cron_install"
         " dq_cron_uninstall dq_dead_list dq_dead_purge dq_dead_redrive dq_schedule_set dq_schedule_remove"
-        " dq_send dq_send_many dq_get_id dq_cancel_id dq_dead_redrive_id dq_dead_purge_id"
+        " dq_send dq_send_many dq_get_id dq_cancel_id dq_finish_id dq_dead_redrive_id dq_dead_purge_id"
         " dq_pause dq_resume dq_retain dq_history dq_history_stats dq_history_bins dq_browse dq_run_now"
         " dq_deliveries dq_delivery_of dq_release".split(),
         "queue",

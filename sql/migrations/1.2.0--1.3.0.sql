@@ -8,6 +8,10 @@
 -- that recorded (57_history.sql); the old form expired every queue.
 DROP FUNCTION @extschema@.dq__expire_history(integer);
 
+-- The one place that cancels takes the outcome it records (dq_finish_id,
+-- 50_manage.sql); the old form had its caller set it.
+DROP FUNCTION @extschema@.dq__cancel(text, bigint);
+
 -- @functions
 
 -- Warn when every role may create objects in pgdq's schema (docs/security.md).

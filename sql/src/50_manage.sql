@@ -3,65 +3,16 @@
 -- statements of their own, so each runs whether or not a row is read, and
 -- their result columns may repeat their arguments' names.
 
--- Delete one message, leased or not; true if one was deleted.
-CREATE FUNCTION dq_cancel(queue text, key text) RETURNS boolean
+-- Delete queue's message id (NULL: none), leased or not, freeing the slot
+-- its lease held; its history record says outcome ('acked' or 'cancelled').
+-- True if one was deleted. The one place that cancels and finishes: the
+-- public functions below only name the outcome, which is set for this call
+-- alone (the SET clause restores the caller's dq.outcome on return), so no
+-- caller's setting reaches the record (57_history.sql).
+CREATE FUNCTION dq__cancel(queue text, id bigint, outcome text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-SET "dq.outcome" = 'cancelled'  -- what the history records (57_history.sql)
-AS $$
-BEGIN
-    RETURN @extschema@.dq__cancel_key(dq_cancel.queue, dq_cancel.key);
-END
-$$;
-
--- Delete one message as done, leased or not (1.3; its history record says
--- 'acked', as an ack's does); true if one was deleted.
-CREATE FUNCTION dq_finish(queue text, key text) RETURNS boolean
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-SET "dq.outcome" = 'acked'  -- what the history records (57_history.sql)
-AS $$
-BEGIN
-    RETURN @extschema@.dq__cancel_key(dq_finish.queue, dq_finish.key);
-END
-$$;
-
--- Delete queue's message of key, leased or not, with the outcome the
--- caller set (dq_cancel, dq_finish); true if one was deleted.
-CREATE FUNCTION dq__cancel_key(queue text, key text) RETURNS boolean
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM @extschema@.dq__check_queue(dq__cancel_key.queue);
-    PERFORM @extschema@.dq__check_key(dq__cancel_key.key, 'key');
-    RETURN @extschema@.dq__cancel(dq__cancel_key.queue, (
-        SELECT m.id FROM @extschema@.dq_messages AS m
-        WHERE m.queue = dq__cancel_key.queue AND m.key = dq__cancel_key.key
-    ));
-END
-$$;
-
--- Delete queue's message id (keyed or keyless, since 1.2), leased or not;
--- true if one was deleted.
-CREATE FUNCTION dq_cancel_id(queue text, id bigint) RETURNS boolean
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-SET "dq.outcome" = 'cancelled'  -- what the history records (57_history.sql)
-AS $$
-BEGIN
-    PERFORM @extschema@.dq__check_queue(dq_cancel_id.queue);
-    PERFORM @extschema@.dq__null_check(dq_cancel_id.id IS NULL, 'id');
-    RETURN @extschema@.dq__cancel(dq_cancel_id.queue, dq_cancel_id.id);
-END
-$$;
-
--- Delete queue's message id (NULL: none), freeing the slot its lease held,
--- with the outcome its caller set (dq_cancel, dq_cancel_id: 'cancelled';
--- dq_finish: 'acked'); true if one was deleted. The one place that cancels.
-CREATE FUNCTION dq__cancel(queue text, id bigint) RETURNS boolean
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = ''
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -69,6 +20,10 @@ DECLARE
     v_channel text;
     v_due_at timestamptz;
 BEGIN
+    IF dq__cancel.outcome IS DISTINCT FROM 'acked' AND dq__cancel.outcome IS DISTINCT FROM 'cancelled' THEN
+        RAISE EXCEPTION 'pgdq: outcome must be acked or cancelled' USING ERRCODE = '22023';
+    END IF;
+    PERFORM set_config('dq.outcome', dq__cancel.outcome, true);
     DELETE FROM @extschema@.dq_messages AS m
     WHERE m.id = dq__cancel.id AND m.queue = dq__cancel.queue
     RETURNING m.channel, CASE WHEN m.lock_token IS NOT NULL THEN m.due_at END INTO v_channel, v_due_at;
@@ -79,6 +34,58 @@ BEGIN
     RETURN TRUE;
 END
 $$;
+
+-- dq__cancel of queue's message of key, the arguments checked (dq_cancel,
+-- dq_finish).
+CREATE FUNCTION dq__cancel_key(queue text, key text, outcome text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq__cancel_key.queue);
+    PERFORM @extschema@.dq__check_key(dq__cancel_key.key, 'key');
+    RETURN @extschema@.dq__cancel(dq__cancel_key.queue, (
+        SELECT m.id FROM @extschema@.dq_messages AS m
+        WHERE m.queue = dq__cancel_key.queue AND m.key = dq__cancel_key.key
+    ), dq__cancel_key.outcome);
+END
+$$;
+
+-- dq__cancel of queue's message id (keyed or keyless), the arguments
+-- checked (dq_cancel_id, dq_finish_id).
+CREATE FUNCTION dq__cancel_id(queue text, id bigint, outcome text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq__cancel_id.queue);
+    PERFORM @extschema@.dq__null_check(dq__cancel_id.id IS NULL, 'id');
+    RETURN @extschema@.dq__cancel(dq__cancel_id.queue, dq__cancel_id.id, dq__cancel_id.outcome);
+END
+$$;
+
+-- Delete one message, leased or not; true if one was deleted.
+CREATE FUNCTION dq_cancel(queue text, key text) RETURNS boolean
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT @extschema@.dq__cancel_key(queue, key, 'cancelled') $$;
+
+-- Delete one message as done, leased or not (1.3; its history record says
+-- 'acked', as an ack's does); true if one was deleted.
+CREATE FUNCTION dq_finish(queue text, key text) RETURNS boolean
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT @extschema@.dq__cancel_key(queue, key, 'acked') $$;
+
+-- Delete queue's message id (keyed or keyless, since 1.2), leased or not;
+-- true if one was deleted.
+CREATE FUNCTION dq_cancel_id(queue text, id bigint) RETURNS boolean
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT @extschema@.dq__cancel_id(queue, id, 'cancelled') $$;
+
+-- Delete queue's message id as done (1.3; dq_finish by id: recorded
+-- 'acked'); true if one was deleted.
+CREATE FUNCTION dq_finish_id(queue text, id bigint) RETURNS boolean
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT @extschema@.dq__cancel_id(queue, id, 'acked') $$;
 
 -- queue's message id (NULL: none) as dq_get describes it: the one place
 -- that does.
