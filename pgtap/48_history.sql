@@ -378,7 +378,8 @@ SELECT results_eq(
     'and records it acked, whatever dq.outcome its caller had set'
 );
 SELECT set_config('dq.outcome', 'acked', TRUE);
-SELECT dq_cancel_id('t_mine', (SELECT max(id) FROM dq_messages WHERE queue = 't_mine'));
+SELECT dq_cancel_id('t_mine', max(m.id)) FROM dq_messages AS m
+WHERE m.queue = 't_mine';
 SELECT set_config('dq.outcome', '', TRUE);
 SELECT results_eq(
     $$SELECT outcome FROM dq_history('t_mine') WHERE id = (SELECT max(h.id) FROM dq_history('t_mine') AS h)$$,

@@ -12,6 +12,11 @@ DROP FUNCTION @extschema@.dq__expire_history(integer);
 -- 50_manage.sql); the old form had its caller set it.
 DROP FUNCTION @extschema@.dq__cancel(text, bigint);
 
+-- dq_stats() probes the queues' heads in its own statement and reads the
+-- paused queues once (50_manage.sql, dq__paused_queues): a call per queue
+-- cost most of its time.
+DROP FUNCTION @extschema@.dq__queue_head(text, timestamptz, timestamptz);
+
 -- @functions
 
 -- Warn when every role may create objects in pgdq's schema (docs/security.md).
