@@ -20,6 +20,19 @@ DROP FUNCTION @extschema@.dq__cancel(text, bigint);
 -- cost most of its time.
 DROP FUNCTION @extschema@.dq__queue_head(text, timestamptz, timestamptz);
 
+-- What dq_deliveries and dq_delivery_of return (58_dashboard.sql, as
+-- there): their columns in one place.
+CREATE TYPE @extschema@.dq_delivery_info AS (
+    id bigint,
+    key text,
+    channel text,
+    priority integer,
+    attempts integer,
+    leased_at timestamptz,
+    due_at timestamptz,
+    last_error text
+);
+
 -- Every function of 1.3.0, as sql/src defines it.
 -- The time dq.now pins the clock to (STRICT: never called when it is unset);
 -- 22023 unless it is a timestamp in the readable range (dq__valid_time).
@@ -4727,22 +4740,13 @@ $$;
 -- Queue's messages in a condition (which: 'running', a lease that still
 -- runs, oldest delivery first; 'retrying', tried before (attempts > 0: a
 -- nack, or a lease that ended unacked) and not leased now, earliest retry
--- first), up to max_count (1..1000): id, key, channel (NULL: none) and
--- priority, attempts, when its current or last delivery began (NULL:
--- before 1.2, or never delivered), its due time (a running lease's end),
--- its last error. What consumers hold now and for how long; what keeps
--- failing. Reads the queue's ranges of both poll indexes (every message
--- of the queue, as dq_stats(queue) does).
-CREATE OR REPLACE FUNCTION dq_deliveries(queue text, which text, max_count integer DEFAULT 100) RETURNS TABLE (
-    id bigint,
-    key text,
-    channel text,
-    priority integer,
-    attempts integer,
-    leased_at timestamptz,
-    due_at timestamptz,
-    last_error text
-)
+-- first), up to max_count (1..1000), as dq_delivery_info describes them.
+-- What consumers hold now and for how long; what keeps failing. Reads the
+-- queue's ranges of both poll indexes (every message of the queue, as
+-- dq_stats(queue) does).
+CREATE OR REPLACE FUNCTION dq_deliveries(
+    queue text, which text, max_count integer DEFAULT 100
+) RETURNS SETOF dq_delivery_info
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -4768,16 +4772,7 @@ $$;
 
 -- Queue's live message id as dq_deliveries shows one (any condition): its
 -- attempts, last delivery and last error; no row when there is none.
-CREATE OR REPLACE FUNCTION dq_delivery_of(queue text, id bigint) RETURNS TABLE (
-    id bigint,
-    key text,
-    channel text,
-    priority integer,
-    attempts integer,
-    leased_at timestamptz,
-    due_at timestamptz,
-    last_error text
-)
+CREATE OR REPLACE FUNCTION dq_delivery_of(queue text, id bigint) RETURNS SETOF dq_delivery_info
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$

@@ -17,6 +17,19 @@ DROP FUNCTION @extschema@.dq__cancel(text, bigint);
 -- cost most of its time.
 DROP FUNCTION @extschema@.dq__queue_head(text, timestamptz, timestamptz);
 
+-- What dq_deliveries and dq_delivery_of return (58_dashboard.sql, as
+-- there): their columns in one place.
+CREATE TYPE @extschema@.dq_delivery_info AS (
+    id bigint,
+    key text,
+    channel text,
+    priority integer,
+    attempts integer,
+    leased_at timestamptz,
+    due_at timestamptz,
+    last_error text
+);
+
 -- @functions
 
 -- Warn when every role may create objects in pgdq's schema (docs/security.md).
