@@ -1,15 +1,17 @@
 -- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
--- defaults, security settings, the dq_delivery type, dq_now and dq_version.
+-- defaults, security settings, the dq_delivery and dq_delivery_info types, dq_now and dq_version.
 BEGIN;
-SELECT plan(142);
+SELECT plan(145);
 
+-- a composite type's fields, in order, as 'name type'
+CREATE FUNCTION pg_temp.fields(composite regclass) RETURNS text[] LANGUAGE sql AS $$
+    SELECT array_agg(a.attname::text || ' ' || format_type(a.atttypid, a.atttypmod) ORDER BY a.attnum)
+    FROM pg_attribute AS a
+    WHERE a.attrelid = composite AND a.attnum > 0 AND NOT a.attisdropped
+$$;
 SELECT has_type('dq_delivery', 'type dq_delivery exists');
 SELECT is(
-    (
-        SELECT array_agg(a.attname::text || ' ' || format_type(a.atttypid, a.atttypmod) ORDER BY a.attnum)
-        FROM pg_attribute AS a
-        WHERE a.attrelid = 'dq_delivery'::regclass AND a.attnum > 0 AND NOT a.attisdropped
-    ),
+    pg_temp.fields('dq_delivery'),
     ARRAY[
         'id bigint', 'queue text', 'key text', 'payload jsonb', 'state jsonb',
         'scheduled_at timestamp with time zone', 'created_at timestamp with time zone',
@@ -17,6 +19,14 @@ SELECT is(
         'lease_until timestamp with time zone', 'channel text', 'priority integer', 'headers jsonb'
     ],
     'dq_delivery has exactly the api-v1.2 fields in order'
+);
+SELECT is(
+    pg_temp.fields('dq_delivery_info'),
+    ARRAY[
+        'id bigint', 'key text', 'channel text', 'priority integer', 'attempts integer',
+        'leased_at timestamp with time zone', 'due_at timestamp with time zone', 'last_error text'
+    ],
+    'dq_delivery_info (dq_deliveries, dq_delivery_of) has the 1.3 fields in order'
 );
 
 -- signature, result type and defaults of each public function
@@ -200,19 +210,13 @@ INSERT INTO expected VALUES
     'queue text, since timestamp with time zone',
     'TABLE(minute_at timestamp with time zone, measure text, bin smallint, n bigint)'
 ),
--- a message finished by key, recorded as acked (1.3)
+-- a message finished by key or by id, recorded as acked (1.3)
 ('dq_finish', 'queue text, key text', 'boolean'),
+('dq_finish_id', 'queue text, id bigint', 'boolean'),
 -- running and retrying messages, releasing a lease, failures over time (1.3, the dashboard's)
-(
-    'dq_deliveries',
-    'queue text, which text, max_count integer DEFAULT 100',
-    'TABLE(id bigint, key text, channel text, priority integer, attempts integer, leased_at timestamp with time zone, due_at timestamp with time zone, last_error text)'  -- noqa: LT05
-),
-(
-    'dq_delivery_of',
-    'queue text, id bigint',
-    'TABLE(id bigint, key text, channel text, priority integer, attempts integer, leased_at timestamp with time zone, due_at timestamp with time zone, last_error text)'  -- noqa: LT05
-),
+-- (their columns: dq_delivery_info, checked below)
+('dq_deliveries', 'queue text, which text, max_count integer DEFAULT 100', 'SETOF dq_delivery_info'),
+('dq_delivery_of', 'queue text, id bigint', 'SETOF dq_delivery_info'),
 ('dq_release', 'queue text, id bigint', 'boolean'),
 (
     'dq_dead_counts',

@@ -2,7 +2,7 @@
 -- message that leaves a queue with retention on, with its outcome, kept for
 -- the queue's period; tallies behind the stats.
 BEGIN;
-SELECT plan(78);
+SELECT plan(90);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 -- off by default: nothing is recorded
@@ -363,6 +363,48 @@ SELECT results_eq(
 );
 SELECT throws_ok($$SELECT dq_finish(NULL, 'k')$$, '22004', 'pgdq: queue must not be NULL', 'dq_finish: NULL queue');
 SELECT throws_ok($$SELECT dq_finish('t_mine', NULL)$$, '22004', 'pgdq: key must not be NULL', 'dq_finish: NULL key');
+-- dq_finish_id (1.3): finish by id, as the classic protocol does for a keyless job
+CREATE TEMP TABLE fin AS SELECT dq_send('t_mine', '8') AS id;
+SELECT dq_poll('t_mine');
+SELECT set_config('dq.outcome', 'purged', TRUE);
+SELECT is(dq_finish_id('t_mine', (SELECT id FROM fin)), TRUE, 'dq_finish_id deletes a keyless message by id, leased');
+SELECT is(current_setting('dq.outcome'), 'purged', 'and leaves the caller''s dq.outcome as it was');
+SELECT set_config('dq.outcome', '', TRUE);
+SELECT is(dq_finish_id('t_mine', (SELECT id FROM fin)), FALSE, 'false when there is none');
+SELECT is(dq_finish_id('t_theirs', dq_send('t_mine', '9')), FALSE, 'false for another queue''s message');
+SELECT results_eq(
+    $$SELECT key, outcome, attempts FROM dq_history('t_mine') WHERE id = (SELECT id FROM fin)$$,
+    $$VALUES (NULL::text, 'acked'::text, 1)$$,
+    'and records it acked, whatever dq.outcome its caller had set'
+);
+SELECT set_config('dq.outcome', 'acked', TRUE);
+SELECT dq_cancel_id('t_mine', max(m.id)) FROM dq_messages AS m
+WHERE m.queue = 't_mine';
+SELECT set_config('dq.outcome', '', TRUE);
+SELECT results_eq(
+    $$SELECT outcome FROM dq_history('t_mine') WHERE id = (SELECT max(h.id) FROM dq_history('t_mine') AS h)$$,
+    $$VALUES ('cancelled'::text)$$,
+    'dq_cancel_id records cancelled, whatever dq.outcome its caller had set'
+);
+SELECT throws_ok(
+    $$SELECT dq_finish_id(NULL, 1)$$, '22004', 'pgdq: queue must not be NULL', 'dq_finish_id: NULL queue'
+);
+SELECT throws_ok(
+    $$SELECT dq_finish_id('t_mine', NULL)$$, '22004', 'pgdq: id must not be NULL', 'dq_finish_id: NULL id'
+);
+SELECT throws_ok($$SELECT dq_finish_id('', 1)$$, '22023', NULL, 'dq_finish_id: an empty queue name');
+SELECT throws_ok(
+    $$SELECT dq__cancel('t_mine', 1, 'purged')$$, '22023', 'pgdq: outcome must be acked or cancelled',
+    'the one place that cancels records acked or cancelled only'
+);
+CREATE ROLE t_fin_reader;
+GRANT SELECT ON dq_messages TO t_fin_reader;
+SET LOCAL ROLE t_fin_reader;
+SELECT throws_ok(
+    $$SELECT dq_finish_id('t_mine', 1)$$, '42501', NULL, 'dq_finish_id needs DELETE on dq_messages'
+);
+SELECT throws_ok($$SELECT dq_cancel_id('t_mine', 1)$$, '42501', NULL, 'as dq_cancel_id does');
+RESET ROLE;
 -- records of the old clock, expired only where a statement deleted
 SELECT set_config('dq.now', '2024-03-01 00:00+00', TRUE);
 SELECT dq_retain('t_old_a', '1 minute');

@@ -11,6 +11,28 @@
 -- that recorded (57_history.sql); the old form expired every queue.
 DROP FUNCTION @extschema@.dq__expire_history(integer);
 
+-- The one place that cancels takes the outcome it records (dq_finish_id,
+-- 50_manage.sql); the old form had its caller set it.
+DROP FUNCTION @extschema@.dq__cancel(text, bigint);
+
+-- dq_stats() probes the queues' heads in its own statement and reads the
+-- paused queues once (50_manage.sql, dq__paused_queues): a call per queue
+-- cost most of its time.
+DROP FUNCTION @extschema@.dq__queue_head(text, timestamptz, timestamptz);
+
+-- What dq_deliveries and dq_delivery_of return (58_dashboard.sql, as
+-- there): their columns in one place.
+CREATE TYPE @extschema@.dq_delivery_info AS (
+    id bigint,
+    key text,
+    channel text,
+    priority integer,
+    attempts integer,
+    leased_at timestamptz,
+    due_at timestamptz,
+    last_error text
+);
+
 -- Every function of 1.3.0, as sql/src defines it.
 -- The time dq.now pins the clock to (STRICT: never called when it is unset);
 -- 22023 unless it is a timestamp in the readable range (dq__valid_time).
@@ -3188,65 +3210,16 @@ BEGIN
 END
 $$;
 
--- Delete one message, leased or not; true if one was deleted.
-CREATE OR REPLACE FUNCTION dq_cancel(queue text, key text) RETURNS boolean
+-- Delete queue's message id (NULL: none), leased or not, freeing the slot
+-- its lease held; its history record says outcome ('acked' or 'cancelled').
+-- True if one was deleted. The one place that cancels and finishes: the
+-- public functions below only name the outcome, which is set for this call
+-- alone (the SET clause restores the caller's dq.outcome on return), so no
+-- caller's setting reaches the record (57_history.sql).
+CREATE OR REPLACE FUNCTION dq__cancel(queue text, id bigint, outcome text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-SET "dq.outcome" = 'cancelled'  -- what the history records (57_history.sql)
-AS $$
-BEGIN
-    RETURN @extschema@.dq__cancel_key(dq_cancel.queue, dq_cancel.key);
-END
-$$;
-
--- Delete one message as done, leased or not (1.3; its history record says
--- 'acked', as an ack's does); true if one was deleted.
-CREATE OR REPLACE FUNCTION dq_finish(queue text, key text) RETURNS boolean
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-SET "dq.outcome" = 'acked'  -- what the history records (57_history.sql)
-AS $$
-BEGIN
-    RETURN @extschema@.dq__cancel_key(dq_finish.queue, dq_finish.key);
-END
-$$;
-
--- Delete queue's message of key, leased or not, with the outcome the
--- caller set (dq_cancel, dq_finish); true if one was deleted.
-CREATE OR REPLACE FUNCTION dq__cancel_key(queue text, key text) RETURNS boolean
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM @extschema@.dq__check_queue(dq__cancel_key.queue);
-    PERFORM @extschema@.dq__check_key(dq__cancel_key.key, 'key');
-    RETURN @extschema@.dq__cancel(dq__cancel_key.queue, (
-        SELECT m.id FROM @extschema@.dq_messages AS m
-        WHERE m.queue = dq__cancel_key.queue AND m.key = dq__cancel_key.key
-    ));
-END
-$$;
-
--- Delete queue's message id (keyed or keyless, since 1.2), leased or not;
--- true if one was deleted.
-CREATE OR REPLACE FUNCTION dq_cancel_id(queue text, id bigint) RETURNS boolean
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-SET "dq.outcome" = 'cancelled'  -- what the history records (57_history.sql)
-AS $$
-BEGIN
-    PERFORM @extschema@.dq__check_queue(dq_cancel_id.queue);
-    PERFORM @extschema@.dq__null_check(dq_cancel_id.id IS NULL, 'id');
-    RETURN @extschema@.dq__cancel(dq_cancel_id.queue, dq_cancel_id.id);
-END
-$$;
-
--- Delete queue's message id (NULL: none), freeing the slot its lease held,
--- with the outcome its caller set (dq_cancel, dq_cancel_id: 'cancelled';
--- dq_finish: 'acked'); true if one was deleted. The one place that cancels.
-CREATE OR REPLACE FUNCTION dq__cancel(queue text, id bigint) RETURNS boolean
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
+SET "dq.outcome" = ''
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -3254,6 +3227,10 @@ DECLARE
     v_channel text;
     v_due_at timestamptz;
 BEGIN
+    IF dq__cancel.outcome IS DISTINCT FROM 'acked' AND dq__cancel.outcome IS DISTINCT FROM 'cancelled' THEN
+        RAISE EXCEPTION 'pgdq: outcome must be acked or cancelled' USING ERRCODE = '22023';
+    END IF;
+    PERFORM set_config('dq.outcome', dq__cancel.outcome, true);
     DELETE FROM @extschema@.dq_messages AS m
     WHERE m.id = dq__cancel.id AND m.queue = dq__cancel.queue
     RETURNING m.channel, CASE WHEN m.lock_token IS NOT NULL THEN m.due_at END INTO v_channel, v_due_at;
@@ -3264,6 +3241,58 @@ BEGIN
     RETURN TRUE;
 END
 $$;
+
+-- dq__cancel of queue's message of key, the arguments checked (dq_cancel,
+-- dq_finish).
+CREATE OR REPLACE FUNCTION dq__cancel_key(queue text, key text, outcome text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq__cancel_key.queue);
+    PERFORM @extschema@.dq__check_key(dq__cancel_key.key, 'key');
+    RETURN @extschema@.dq__cancel(dq__cancel_key.queue, (
+        SELECT m.id FROM @extschema@.dq_messages AS m
+        WHERE m.queue = dq__cancel_key.queue AND m.key = dq__cancel_key.key
+    ), dq__cancel_key.outcome);
+END
+$$;
+
+-- dq__cancel of queue's message id (keyed or keyless), the arguments
+-- checked (dq_cancel_id, dq_finish_id).
+CREATE OR REPLACE FUNCTION dq__cancel_id(queue text, id bigint, outcome text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM @extschema@.dq__check_queue(dq__cancel_id.queue);
+    PERFORM @extschema@.dq__null_check(dq__cancel_id.id IS NULL, 'id');
+    RETURN @extschema@.dq__cancel(dq__cancel_id.queue, dq__cancel_id.id, dq__cancel_id.outcome);
+END
+$$;
+
+-- Delete one message, leased or not; true if one was deleted.
+CREATE OR REPLACE FUNCTION dq_cancel(queue text, key text) RETURNS boolean
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT @extschema@.dq__cancel_key(queue, key, 'cancelled') $$;
+
+-- Delete one message as done, leased or not (1.3; its history record says
+-- 'acked', as an ack's does); true if one was deleted.
+CREATE OR REPLACE FUNCTION dq_finish(queue text, key text) RETURNS boolean
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT @extschema@.dq__cancel_key(queue, key, 'acked') $$;
+
+-- Delete queue's message id (keyed or keyless, since 1.2), leased or not;
+-- true if one was deleted.
+CREATE OR REPLACE FUNCTION dq_cancel_id(queue text, id bigint) RETURNS boolean
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT @extschema@.dq__cancel_id(queue, id, 'cancelled') $$;
+
+-- Delete queue's message id as done (1.3; dq_finish by id: recorded
+-- 'acked'); true if one was deleted.
+CREATE OR REPLACE FUNCTION dq_finish_id(queue text, id bigint) RETURNS boolean
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp
+AS $$ SELECT @extschema@.dq__cancel_id(queue, id, 'acked') $$;
 
 -- queue's message id (NULL: none) as dq_get describes it: the one place
 -- that does.
@@ -3608,62 +3637,19 @@ AS $$
     CROSS JOIN @extschema@.dq_now() AS n (now_at);
 $$;
 
--- What dq_counts cannot say about one queue at now_at: its messages due
--- after now_at and before until_at (the end of the current bin; delayed and
--- leased), its oldest ready due time and its next delayed one. Probes of
--- the plain poll index, and a read of the queue's entries in the grouped
--- one (not in due order across channels; one empty descent for a plain
--- queue), as dq__queue_stats reads it.
-CREATE OR REPLACE FUNCTION dq__queue_head(queue text, now_at timestamptz, until_at timestamptz) RETURNS TABLE (
-    soon_delayed bigint,
-    soon_leased bigint,
-    oldest_ready_at timestamptz,
-    next_due_at timestamptz
-)
-LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
-SET enable_seqscan = off
-SET jit = off  -- see 10_storage.sql
-AS $$
-    WITH plain_soon AS (
-        SELECT
-            count(*) FILTER (WHERE p.lock_token IS NULL) AS delayed,
-            count(*) FILTER (WHERE p.lock_token IS NOT NULL) AS leased
-        FROM @extschema@.dq_messages AS p
-        WHERE p.queue = dq__queue_head.queue AND p.channel = '' AND p.priority = 0
-            AND p.due_at > now_at AND p.due_at < until_at
-    ),
-    grouped AS (
-        SELECT
-            count(*) FILTER (WHERE g.due_at > now_at AND g.due_at < until_at AND g.lock_token IS NULL) AS delayed,
-            count(*) FILTER (WHERE g.due_at > now_at AND g.due_at < until_at AND g.lock_token IS NOT NULL) AS leased,
-            min(g.due_at) FILTER (WHERE g.due_at <= now_at) AS oldest_ready_at,
-            min(g.due_at) FILTER (WHERE g.due_at > now_at AND g.lock_token IS NULL) AS next_due_at
-        FROM @extschema@.dq_messages AS g
-        WHERE g.queue = dq__queue_head.queue AND (g.channel <> '' OR g.priority <> 0)
-    )
-    SELECT
-        s.delayed + g.delayed,
-        s.leased + g.leased,
-        least(
-            (SELECT min(p.due_at) FROM @extschema@.dq_messages AS p
-             WHERE p.queue = dq__queue_head.queue AND p.channel = '' AND p.priority = 0 AND p.due_at <= now_at),
-            g.oldest_ready_at
-        ),
-        least(
-            (SELECT p.due_at FROM @extschema@.dq_messages AS p
-             WHERE p.queue = dq__queue_head.queue AND p.channel = '' AND p.priority = 0
-                AND p.due_at > now_at AND p.lock_token IS NULL
-             ORDER BY p.due_at LIMIT 1),
-            g.next_due_at
-        )
-    FROM plain_soon AS s CROSS JOIN grouped AS g;
-$$;
-
 -- dq_stats' overview from dq_counts (12_counts.sql) at now_at: whole bins
 -- summed, the current bin's messages still ahead of now_at counted from the
--- poll indexes (dq__queue_head). The same rows as dq__scanned_stats, at the
--- cost of the counts and a few probes per queue, whatever the table holds.
+-- poll indexes. The same rows as dq__scanned_stats, at the cost of the
+-- counts and a few probes per queue, whatever the table holds.
+--
+-- What dq_counts cannot say about a queue (its messages due after now_at
+-- and before the end of the current bin, delayed and leased; its oldest
+-- ready due time and its next delayed one) is read per queue in the
+-- statement itself (h): probes of the plain poll index, and a read of the
+-- queue's entries in the grouped one (not in due order across channels;
+-- one empty descent for a plain queue), as dq__queue_stats reads it. In
+-- 1.2 a function did that per queue (dq__queue_head): its call, with its
+-- SET clauses, cost 8 times the probes (2.2 s of 2.5 at 20,000 queues).
 CREATE OR REPLACE FUNCTION dq__counted_stats(now_at timestamptz) RETURNS TABLE (
     queue text,
     ready bigint,
@@ -3674,30 +3660,30 @@ CREATE OR REPLACE FUNCTION dq__counted_stats(now_at timestamptz) RETURNS TABLE (
 )
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off  -- probes, whatever the statistics say
+SET jit = off  -- see 10_storage.sql
 AS $$
-    WITH bins AS (
+    WITH queues AS (
+        -- one pass over the counts, summed per queue by bin: before or in
+        -- the bin holding now_at, or after it (leased or not)
         SELECT
             c.queue,
-            -- before, in or after the bin holding now_at
-            CASE
-                WHEN c.due_bin < @extschema@.dq__due_bin(now_at) THEN -1
-                WHEN c.due_bin = @extschema@.dq__due_bin(now_at) THEN 0
-                ELSE 1
-            END AS side,
-            c.leased,
-            sum(c.n) AS n
+            coalesce(sum(c.n) FILTER (WHERE c.due_bin <= @extschema@.dq__due_bin(now_at)), 0) AS due_by_bin,
+            coalesce(
+                sum(c.n) FILTER (WHERE c.due_bin > @extschema@.dq__due_bin(now_at) AND NOT c.leased), 0
+            ) AS delayed_later,
+            coalesce(sum(c.n) FILTER (WHERE c.due_bin > @extschema@.dq__due_bin(now_at) AND c.leased), 0) AS leased_later,
+            -- which probes can find anything (h): none finds what no bin holds
+            coalesce(sum(c.n) FILTER (WHERE c.due_bin = @extschema@.dq__due_bin(now_at)), 0) AS in_bin,
+            coalesce(
+                sum(c.n) FILTER (WHERE c.due_bin >= @extschema@.dq__due_bin(now_at) AND NOT c.leased), 0
+            ) AS unleased_ahead
         FROM @extschema@.dq_counts AS c
-        GROUP BY 1, 2, 3
+        GROUP BY c.queue
+        HAVING sum(c.n) <> 0
     ),
-    queues AS (
-        SELECT
-            b.queue,
-            coalesce(sum(b.n) FILTER (WHERE b.side <= 0), 0) AS due_by_bin,
-            coalesce(sum(b.n) FILTER (WHERE b.side > 0 AND NOT b.leased), 0) AS delayed_later,
-            coalesce(sum(b.n) FILTER (WHERE b.side > 0 AND b.leased), 0) AS leased_later
-        FROM bins AS b
-        GROUP BY b.queue
-        HAVING sum(b.n) <> 0
+    bin AS (
+        SELECT now_at, @extschema@.dq__due_bin(now_at) + @extschema@.dq__due_bin_width() AS until_at
     )
     SELECT
         q.queue::text,
@@ -3707,8 +3693,47 @@ AS $$
         h.oldest_ready_at,
         h.next_due_at
     FROM queues AS q
-    CROSS JOIN LATERAL @extschema@.dq__queue_head(
-        q.queue, now_at, @extschema@.dq__due_bin(now_at) + @extschema@.dq__due_bin_width()
+    CROSS JOIN bin AS t
+    CROSS JOIN LATERAL (
+        SELECT
+            s.delayed + g.delayed AS soon_delayed,
+            s.leased + g.leased AS soon_leased,
+            least(
+                (SELECT min(p.due_at) FROM @extschema@.dq_messages AS p
+                 WHERE q.due_by_bin <> 0
+                    AND p.queue = q.queue AND p.channel = '' AND p.priority = 0 AND p.due_at <= t.now_at),
+                g.oldest_ready_at
+            ) AS oldest_ready_at,
+            least(
+                (SELECT p.due_at FROM @extschema@.dq_messages AS p
+                 WHERE q.unleased_ahead <> 0
+                    AND p.queue = q.queue AND p.channel = '' AND p.priority = 0
+                    AND p.due_at > t.now_at AND p.lock_token IS NULL
+                 ORDER BY p.due_at LIMIT 1),
+                g.next_due_at
+            ) AS next_due_at
+        FROM (
+            SELECT
+                count(*) FILTER (WHERE p.lock_token IS NULL) AS delayed,
+                count(*) FILTER (WHERE p.lock_token IS NOT NULL) AS leased
+            FROM @extschema@.dq_messages AS p
+            WHERE q.in_bin <> 0
+                AND p.queue = q.queue AND p.channel = '' AND p.priority = 0
+                AND p.due_at > t.now_at AND p.due_at < t.until_at
+        ) AS s
+        CROSS JOIN (
+            SELECT
+                count(*) FILTER (
+                    WHERE g.due_at > t.now_at AND g.due_at < t.until_at AND g.lock_token IS NULL
+                ) AS delayed,
+                count(*) FILTER (
+                    WHERE g.due_at > t.now_at AND g.due_at < t.until_at AND g.lock_token IS NOT NULL
+                ) AS leased,
+                min(g.due_at) FILTER (WHERE g.due_at <= t.now_at) AS oldest_ready_at,
+                min(g.due_at) FILTER (WHERE g.due_at > t.now_at AND g.lock_token IS NULL) AS next_due_at
+            FROM @extschema@.dq_messages AS g
+            WHERE g.queue = q.queue AND (g.channel <> '' OR g.priority <> 0)
+        ) AS g
     ) AS h
     ORDER BY 1;
 $$;
@@ -3769,6 +3794,21 @@ BEGIN
 END
 $$;
 
+-- The paused queues (dq_pause); none for a caller that may not read the
+-- queues' settings (a role granted only SELECT on dq_messages, whose
+-- dq_stats worked in 1.1 and still does: dq_stats says NULL there). Read
+-- once per dq_stats call (1.2 probed dq_queues once per queue).
+CREATE OR REPLACE FUNCTION dq__paused_queues() RETURNS SETOF text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF has_table_privilege('@extschema@.dq_queues', 'SELECT') THEN
+        RETURN QUERY SELECT q.queue::text FROM @extschema@.dq_queues AS q WHERE q.paused_at IS NOT NULL;
+    END IF;
+END
+$$;
+
 -- One row per queue with messages, or exactly one row for the named queue.
 CREATE OR REPLACE FUNCTION dq_stats(queue text DEFAULT NULL) RETURNS TABLE (
     queue text,
@@ -3784,7 +3824,10 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT @extschema@.dq_now();  -- unused: an invalid dq.now fails every call
     SELECT @extschema@.dq__check_queue(dq_stats.queue) WHERE dq_stats.queue IS NOT NULL;
-    SELECT s.*, @extschema@.dq__paused(s.queue)
+    SELECT
+        s.*,
+        -- NULL: the caller may not read the queues' settings (dq__paused_queues)
+        CASE WHEN r.may_read THEN p.queue IS NOT NULL END
     FROM (
         -- every queue: from the counts (1.2: one pass over the table)
         SELECT c.*
@@ -3802,6 +3845,8 @@ AS $$
         FROM @extschema@.dq__queue_stats(dq_stats.queue) AS c
         WHERE dq_stats.queue IS NOT NULL
     ) AS s
+    LEFT JOIN @extschema@.dq__paused_queues() AS p (queue) ON p.queue = s.queue
+    CROSS JOIN (SELECT has_table_privilege('@extschema@.dq_queues', 'SELECT') AS may_read) AS r
     ORDER BY 1;
 $$;
 
@@ -4695,22 +4740,13 @@ $$;
 -- Queue's messages in a condition (which: 'running', a lease that still
 -- runs, oldest delivery first; 'retrying', tried before (attempts > 0: a
 -- nack, or a lease that ended unacked) and not leased now, earliest retry
--- first), up to max_count (1..1000): id, key, channel (NULL: none) and
--- priority, attempts, when its current or last delivery began (NULL:
--- before 1.2, or never delivered), its due time (a running lease's end),
--- its last error. What consumers hold now and for how long; what keeps
--- failing. Reads the queue's ranges of both poll indexes (every message
--- of the queue, as dq_stats(queue) does).
-CREATE OR REPLACE FUNCTION dq_deliveries(queue text, which text, max_count integer DEFAULT 100) RETURNS TABLE (
-    id bigint,
-    key text,
-    channel text,
-    priority integer,
-    attempts integer,
-    leased_at timestamptz,
-    due_at timestamptz,
-    last_error text
-)
+-- first), up to max_count (1..1000), as dq_delivery_info describes them.
+-- What consumers hold now and for how long; what keeps failing. Reads the
+-- queue's ranges of both poll indexes (every message of the queue, as
+-- dq_stats(queue) does).
+CREATE OR REPLACE FUNCTION dq_deliveries(
+    queue text, which text, max_count integer DEFAULT 100
+) RETURNS SETOF dq_delivery_info
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -4736,16 +4772,7 @@ $$;
 
 -- Queue's live message id as dq_deliveries shows one (any condition): its
 -- attempts, last delivery and last error; no row when there is none.
-CREATE OR REPLACE FUNCTION dq_delivery_of(queue text, id bigint) RETURNS TABLE (
-    id bigint,
-    key text,
-    channel text,
-    priority integer,
-    attempts integer,
-    leased_at timestamptz,
-    due_at timestamptz,
-    last_error text
-)
+CREATE OR REPLACE FUNCTION dq_delivery_of(queue text, id bigint) RETURNS SETOF dq_delivery_info
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$

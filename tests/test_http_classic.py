@@ -53,6 +53,21 @@ def test_a_finished_job_is_recorded_acked_a_deleted_one_cancelled(api: httpx.Cli
     assert {r.key: r.outcome for r in q.history()} == {"done": "acked", "named": "acked", "dropped": "cancelled"}
 
 
+def test_a_finished_keyless_job_is_recorded_acked_a_deleted_one_cancelled(
+    api: httpx.Client, queue_name: str, q: Queue
+) -> None:
+    """A job popped as "#ID@TOPIC" (sent without a key) is finished as done too: history
+    acked (dq_finish_id, 1.3; it said cancelled), with or without its topic; delete is not."""
+    q.retain(timedelta(days=1))
+    done, named, dropped = (q.send({"body": body, "ttr": 60}) for body in ("done", "named", "dropped"))
+    handed = {command(api, command="pop", topic=queue_name)[1]["id"] for _ in range(3)}
+    assert handed == {f"#{id}@{queue_name}" for id in (done, named, dropped)}
+    assert command(api, command="finish", id=f"#{done}@{queue_name}")[1]["success"] is True
+    assert command(api, command="finish", id=f"#{named}@{queue_name}", topic=queue_name)[1]["success"] is True
+    assert command(api, command="delete", id=f"#{dropped}@{queue_name}")[1]["success"] is True
+    assert {r.id: r.outcome for r in q.history()} == {done: "acked", named: "acked", dropped: "cancelled"}
+
+
 def _empty() -> dict[str, Any]:
     return {"success": True, "error": None, "id": None, "value": None}
 

@@ -57,6 +57,19 @@ def test_a_finished_job_is_recorded_acked_a_deleted_one_cancelled(api: httpx.Cli
     assert {r.key: r.outcome for r in q.history()} == {"done": "acked", "dropped": "cancelled"}
 
 
+def test_a_finished_keyless_job_is_recorded_acked_a_deleted_one_cancelled(
+    api: httpx.Client, queue_name: str, q: Queue
+) -> None:
+    """/finish of a job popped as "#ID@TOPIC" (sent without a key): history acked
+    (dq_finish_id, 1.3; it said cancelled); /delete of one: cancelled."""
+    q.retain(timedelta(days=1))
+    done, dropped = q.send({"body": "done", "ttr": 30}), q.send({"body": "dropped", "ttr": 30})
+    assert call(api, "/pop", topic=queue_name)[1]["data"]["id"] == f"#{done}@{queue_name}"
+    assert call(api, "/finish", id=f"#{done}@{queue_name}") == (200, EMPTY)
+    assert call(api, "/delete", id=f"#{dropped}@{queue_name}") == (200, EMPTY)
+    assert {r.id: r.outcome for r in q.history()} == {done: "acked", dropped: "cancelled"}
+
+
 def test_delay_and_delete(api: httpx.Client, queue_name: str, q: Queue) -> None:
     assert call(api, "/push", topic=queue_name, id="later", delay=3600, ttr=30, body="x")[1]["code"] == 0
     assert timedelta(seconds=3590) < q.get("later").due_at - datetime.now(UTC)  # type: ignore[union-attr]

@@ -320,10 +320,9 @@ def test_uninstall_drops_only_pgdq_objects(scratch: str) -> None:
         assert conn.execute("SELECT app.dq_app_billing_report() + app.report()").fetchone() == (3,)
         assert conn.execute("SELECT count(*) FROM app.dq_app_audit").fetchone() == (0,)
         assert functions_in(conn, "app") == 1 and installed_version(conn, "app") is None
-        assert conn.execute("SELECT to_regclass('app.dq_messages'), to_regtype('app.dq_delivery')").fetchone() == (
-            None,
-            None,
-        )
+        assert conn.execute(
+            "SELECT to_regclass('app.dq_messages'), to_regtype('app.dq_delivery'), to_regtype('app.dq_delivery_info')"
+        ).fetchone() == (None, None, None)
 
 
 def test_uninstall_leaves_an_extension_install_to_drop_extension(scratch: str) -> None:

@@ -174,6 +174,7 @@ CALLS = {
     "dq_send_many": "SELECT * FROM dq_send_many(%(q)s, '{1,2}')",
     "dq_get_id": "SELECT * FROM dq_get_id(%(q)s, 1)",
     "dq_cancel_id": "SELECT dq_cancel_id(%(q)s, 1)",
+    "dq_finish_id": "SELECT dq_finish_id(%(q)s, 1)",
     "dq_dead_redrive_id": "SELECT dq_dead_redrive_id(%(q)s, 1)",
     "dq_dead_purge_id": "SELECT dq_dead_purge_id(%(q)s, 1)",
     "dq_browse": "SELECT * FROM dq_browse(%(q)s, NULL, 'rea')",

@@ -554,6 +554,12 @@ class AsyncQueue(_AsyncBase):
         not; True if there was one (dq_cancel_id, 1.2)."""
         return bool(await self._value("cancel_id", (self.name, st.message_id(id)), conn))
 
+    async def finish_id(self, id: int, *, conn: AsyncConnection[Any] | None = None) -> bool:
+        """Delete the message id of this queue (keyed or keyless) as done,
+        leased or not, its history record saying acked; True if there was one
+        (dq_finish_id, 1.3)."""
+        return bool(await self._value("finish_id", (self.name, st.message_id(id)), conn))
+
     async def purge(self, *, conn: AsyncConnection[Any] | None = None) -> int:
         """Delete every message of the queue; how many."""
         return int(await self._value("purge", (self.name,), conn))

@@ -208,6 +208,7 @@ def uninstall_script(schema: str = "public") -> str:
         "END $$;\n"
         f"DROP SEQUENCE IF EXISTS {ident}.dq_turns;\n"
         f"DROP TYPE IF EXISTS {ident}.dq_delivery;\n"
+        f"DROP TYPE IF EXISTS {ident}.dq_delivery_info;\n"
     )
 
 

@@ -75,6 +75,7 @@ _TEMPLATES: dict[str, str] = {
     "finish": "SELECT {fn}(%s, %s)",
     "get": "SELECT * FROM {fn}(%s, %s)",
     "cancel_id": "SELECT {fn}(%s, %s::bigint)",
+    "finish_id": "SELECT {fn}(%s, %s::bigint)",
     "get_id": "SELECT * FROM {fn}(%s, %s::bigint)",
     "purge": "SELECT {fn}(%s)",
     "peek": "SELECT * FROM {fn}(%s, %s::text, %s::integer)",

@@ -538,6 +538,12 @@ class Queue(_Base):
         not; True if there was one (dq_cancel_id, 1.2)."""
         return bool(self._value("cancel_id", (self.name, st.message_id(id)), conn))
 
+    def finish_id(self, id: int, *, conn: Connection[Any] | None = None) -> bool:
+        """Delete the message id of this queue (keyed or keyless) as done,
+        leased or not, its history record saying acked; True if there was one
+        (dq_finish_id, 1.3)."""
+        return bool(self._value("finish_id", (self.name, st.message_id(id)), conn))
+
     def purge(self, *, conn: Connection[Any] | None = None) -> int:
         """Delete every message of the queue; how many."""
         return int(self._value("purge", (self.name,), conn))

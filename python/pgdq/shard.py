@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +50,7 @@ ROUTES: dict[str, str] = {
         "dq_offer dq_offer_many dq_poll dq_poll_many dq_cancel dq_finish dq_get dq_peek dq_purge dq_next_due"
         " dq_due_hours dq_configure dq_channel_set dq_channel_remove dq_channels dq_cron_install"
         " dq_cron_uninstall dq_dead_list dq_dead_purge dq_dead_redrive dq_schedule_set dq_schedule_remove"
-        " dq_send dq_send_many dq_get_id dq_cancel_id dq_dead_redrive_id dq_dead_purge_id"
+        " dq_send dq_send_many dq_get_id dq_cancel_id dq_finish_id dq_dead_redrive_id dq_dead_purge_id"
         " dq_pause dq_resume dq_retain dq_history dq_history_stats dq_history_bins dq_browse dq_run_now"
         " dq_deliveries dq_delivery_of dq_release".split(),
         "queue",
@@ -62,6 +62,8 @@ ROUTES: dict[str, str] = {
     "dq_key_queues": "all",
     **dict.fromkeys("dq_now dq_version dq_cron_next".split(), "any"),
 }
+# The composite types routed functions return, created on the router as the partitions have them
+RESULT_TYPES = ("dq_delivery", "dq_delivery_info")
 # Snapshot reads (pgdq.spark) need one server's snapshot: read each partition directly.
 NOT_ROUTED = frozenset({"dq_read_bounds", "dq_read_messages", "dq_read_dead_letters"})
 # The order of a merged result, as the function itself orders it
@@ -96,11 +98,11 @@ def init(router: psycopg.Connection[Any], partitions: Sequence[str], schema: str
     for warning in warnings:
         log.warning("%s", warning)
     existing = _check_router(router, schema, partitions)  # before numbering: a refusal writes nothing
-    signatures, delivery = _partition_setup(partitions, schema)
+    signatures, types = _partition_setup(partitions, schema)
     with router.transaction():
         grants = _function_grants(router, schema)
         _drop_functions(router, schema)
-        for statement in router_script(schema, partitions, signatures, delivery, server_exists=existing):
+        for statement in router_script(schema, partitions, signatures, types, server_exists=existing):
             router.execute(statement)
         _grant_again(router, schema, grants)
         _check_reachable(router, schema)
@@ -204,8 +206,10 @@ def _check_count(count: int) -> None:
         raise InvalidArgument(f"partitions: PL/Proxy needs 1, 2, 4, ... or 256 of them, got {count}")
 
 
-def _partition_setup(partitions: Sequence[str], schema: str) -> tuple[list[Signature], list[tuple[str, str]]]:
-    """Number each partition's messages; partition 0's signatures and dq_delivery columns."""
+def _partition_setup(
+    partitions: Sequence[str], schema: str
+) -> tuple[list[Signature], dict[str, list[tuple[str, str]]]]:
+    """Number each partition's messages; partition 0's signatures and result types' columns."""
     versions = set()
     for number, conninfo in enumerate(partitions):
         with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -215,10 +219,10 @@ def _partition_setup(partitions: Sequence[str], schema: str) -> tuple[list[Signa
             versions.add(version)
             _number_messages(conn, schema, number, len(partitions))
             if number == 0:
-                signatures, delivery = _signatures(conn, schema), _delivery_columns(conn, schema)
+                signatures, types = _signatures(conn, schema), _result_types(conn, schema)
     if len(versions) > 1:
         raise PgdqError(f"partitions run different pgdq versions ({', '.join(sorted(versions))}): upgrade them first")
-    return signatures, delivery
+    return signatures, types
 
 
 def _number_messages(conn: psycopg.Connection[Any], schema: str, number: int, count: int) -> None:
@@ -257,15 +261,20 @@ def _signatures(conn: psycopg.Connection[Any], schema: str) -> list[Signature]:
     return [Signature(*row) for row in rows if row[0] in ROUTES]
 
 
-def _delivery_columns(conn: psycopg.Connection[Any], schema: str) -> list[tuple[str, str]]:
-    """The columns of schema.dq_delivery (what polls return) as (name, type)."""
+def _result_types(conn: psycopg.Connection[Any], schema: str) -> dict[str, list[tuple[str, str]]]:
+    """The columns, as (name, type), of each of RESULT_TYPES that schema has
+    (dq_delivery_info: since 1.3), by type name."""
     rows = conn.execute(
-        "SELECT a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a"
-        " WHERE a.attrelid = (SELECT t.typrelid FROM pg_type t WHERE t.oid = %s::regtype)"
-        " AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-        (f"{schema}.dq_delivery",),
+        "SELECT t.typname, a.attname, format_type(a.atttypid, a.atttypmod)"
+        " FROM pg_type t JOIN pg_attribute a ON a.attrelid = t.typrelid"
+        " WHERE t.typnamespace = %s::regnamespace AND t.typname = ANY(%s)"
+        " AND a.attnum > 0 AND NOT a.attisdropped ORDER BY t.typname, a.attnum",
+        (schema, list(RESULT_TYPES)),
     ).fetchall()
-    return [(str(name), str(type_)) for name, type_ in rows]
+    types: dict[str, list[tuple[str, str]]] = {}
+    for type_name, name, type_ in rows:
+        types.setdefault(str(type_name), []).append((str(name), str(type_)))
+    return types
 
 
 def _check_router(router: psycopg.Connection[Any], schema: str, partitions: Sequence[str]) -> bool:
@@ -322,19 +331,23 @@ def router_script(
     schema: str,
     partitions: Sequence[str],
     signatures: Sequence[Signature],
-    delivery: Sequence[tuple[str, str]],
+    types: Mapping[str, Sequence[tuple[str, str]]],
     server_exists: bool = False,
 ) -> list[sql.SQL | sql.Composed]:
-    """The router's statements: PL/Proxy and its cluster, the helpers, dq_delivery and every routed function."""
-    s = sql.Identifier(schema)
+    """The router's statements: PL/Proxy and its cluster, the helpers, the result types
+    (dq_delivery, ...) and every routed function."""
     statements: list[sql.SQL | sql.Composed] = [
         sql.SQL("CREATE EXTENSION IF NOT EXISTS plproxy"),
         *_server_script(partitions, server_exists),
-        sql.SQL("DROP TYPE IF EXISTS {}.dq_delivery CASCADE").format(s),
-        sql.SQL("CREATE TYPE {}.dq_delivery AS ({})").format(
-            s, sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in delivery)
-        ),
     ]
+    for type_name, columns in types.items():
+        name = sql.Identifier(schema, type_name)
+        statements += [
+            sql.SQL("DROP TYPE IF EXISTS {} CASCADE").format(name),
+            sql.SQL("CREATE TYPE {} AS ({})").format(
+                name, sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(t)) for n, t in columns)
+            ),
+        ]
     statements += [sql.SQL(text.replace("@s@", schema).replace("@n@", str(len(partitions)))) for text in _HELPERS]
     for signature in signatures:
         statements += [sql.SQL(text.replace("@s@", schema)) for text in _functions(signature)]

@@ -8,6 +8,28 @@
 -- that recorded (57_history.sql); the old form expired every queue.
 DROP FUNCTION @extschema@.dq__expire_history(integer);
 
+-- The one place that cancels takes the outcome it records (dq_finish_id,
+-- 50_manage.sql); the old form had its caller set it.
+DROP FUNCTION @extschema@.dq__cancel(text, bigint);
+
+-- dq_stats() probes the queues' heads in its own statement and reads the
+-- paused queues once (50_manage.sql, dq__paused_queues): a call per queue
+-- cost most of its time.
+DROP FUNCTION @extschema@.dq__queue_head(text, timestamptz, timestamptz);
+
+-- What dq_deliveries and dq_delivery_of return (58_dashboard.sql, as
+-- there): their columns in one place.
+CREATE TYPE @extschema@.dq_delivery_info AS (
+    id bigint,
+    key text,
+    channel text,
+    priority integer,
+    attempts integer,
+    leased_at timestamptz,
+    due_at timestamptz,
+    last_error text
+);
+
 -- @functions
 
 -- Warn when every role may create objects in pgdq's schema (docs/security.md).

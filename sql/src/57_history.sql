@@ -6,8 +6,8 @@
 -- (12_counts.sql: dq__count_rows), from its transition table, when the
 -- deleting function names an outcome: dq_ack and dq_ack_many SET dq.outcome
 -- = 'acked', dq__bury 'dead', dq_cancel and dq_cancel_id 'cancelled', dq_purge
--- 'purged', dq_finish 'acked' (1.3). Other deletes (cron uninstalls, schedule
--- removals, a redrive's withdrawals, a user's DELETE) name none and leave no
+-- 'purged', dq_finish and dq_finish_id 'acked' (1.3, through dq__cancel).
+-- Other deletes (cron uninstalls, schedule removals, a redrive's withdrawals, a user's DELETE) name none and leave no
 -- record. A queue without retention costs that trigger one probe of
 -- dq_queues per deleting statement and nothing else; no poll, offer or
 -- lease reads anything here.

@@ -2,16 +2,11 @@
 -- and those waiting to be retried (dq_deliveries), one message's delivery, a stuck lease
 -- released without its token, and failures over time for every queue.
 
--- Queue's messages in a condition (which: 'running', a lease that still
--- runs, oldest delivery first; 'retrying', tried before (attempts > 0: a
--- nack, or a lease that ended unacked) and not leased now, earliest retry
--- first), up to max_count (1..1000): id, key, channel (NULL: none) and
--- priority, attempts, when its current or last delivery began (NULL:
--- before 1.2, or never delivered), its due time (a running lease's end),
--- its last error. What consumers hold now and for how long; what keeps
--- failing. Reads the queue's ranges of both poll indexes (every message
--- of the queue, as dq_stats(queue) does).
-CREATE FUNCTION dq_deliveries(queue text, which text, max_count integer DEFAULT 100) RETURNS TABLE (
+-- A live message as dq_deliveries and dq_delivery_of describe it, the
+-- columns of both in one place: channel NULL for none, leased_at when its
+-- current or last delivery began (NULL: before 1.2, or never delivered),
+-- due_at its due time (a running lease's end), last_error whole.
+CREATE TYPE dq_delivery_info AS (
     id bigint,
     key text,
     channel text,
@@ -20,7 +15,18 @@ CREATE FUNCTION dq_deliveries(queue text, which text, max_count integer DEFAULT 
     leased_at timestamptz,
     due_at timestamptz,
     last_error text
-)
+);
+
+-- Queue's messages in a condition (which: 'running', a lease that still
+-- runs, oldest delivery first; 'retrying', tried before (attempts > 0: a
+-- nack, or a lease that ended unacked) and not leased now, earliest retry
+-- first), up to max_count (1..1000), as dq_delivery_info describes them.
+-- What consumers hold now and for how long; what keeps failing. Reads the
+-- queue's ranges of both poll indexes (every message of the queue, as
+-- dq_stats(queue) does).
+CREATE FUNCTION dq_deliveries(
+    queue text, which text, max_count integer DEFAULT 100
+) RETURNS SETOF dq_delivery_info
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -46,16 +52,7 @@ $$;
 
 -- Queue's live message id as dq_deliveries shows one (any condition): its
 -- attempts, last delivery and last error; no row when there is none.
-CREATE FUNCTION dq_delivery_of(queue text, id bigint) RETURNS TABLE (
-    id bigint,
-    key text,
-    channel text,
-    priority integer,
-    attempts integer,
-    leased_at timestamptz,
-    due_at timestamptz,
-    last_error text
-)
+CREATE FUNCTION dq_delivery_of(queue text, id bigint) RETURNS SETOF dq_delivery_info
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$

@@ -13,7 +13,8 @@ touch, or names such a topic.
 A message with no key (sent, 1.2), or whose key starts with "#" (offered
 otherwise: no add may use such an id), is popped as "#ID@TOPIC" (its
 message id and topic), and finish and delete of that form delete that
-message by id (dq_cancel_id) and nothing else.
+message by id (finish: dq_finish_id, recorded acked as a keyed finish is;
+delete: dq_cancel_id) and nothing else.
 
 add_job, pop_jobs and remove_job are the protocol's logic, shared with its
 delay-queue dialect (_delay_queue.py).
@@ -212,14 +213,14 @@ async def remove_job(request: Request, job_id: str, topic: str | None, scope: st
     if topic is not None:
         authorize(request, scope, topic)
         if by_id is not None:
-            return by_id[1] == topic and await _queue(request, topic).cancel_id(by_id[0])
+            return by_id[1] == topic and await _remove_id(_queue(request, topic), by_id[0], scope)
         return await _remove(_queue(request, topic), job_id, scope)
     token = authenticate(request)
     if token is not None and not token.scopes & {scope, "admin"}:
         raise ApiError(403, f"token {token.name!r} has no {scope} scope")
     if by_id is not None:
         may = token is None or token.allows(scope, by_id[1])
-        return may and await _queue(request, by_id[1]).cancel_id(by_id[0])
+        return may and await _remove_id(_queue(request, by_id[1]), by_id[0], scope)
     topic = await _topic_of(request, job_id, token, scope)
     return topic is not None and await _remove(_queue(request, topic), job_id, scope)
 
@@ -227,6 +228,11 @@ async def remove_job(request: Request, job_id: str, topic: str | None, scope: st
 async def _remove(queue: AsyncQueue, job_id: str, scope: str) -> bool:
     """Delete job_id from queue: a finish (consume scope) as done, recorded acked; a delete cancelled."""
     return await (queue.finish(job_id) if scope == "consume" else queue.cancel(job_id))
+
+
+async def _remove_id(queue: AsyncQueue, id: int, scope: str) -> bool:
+    """Delete message id of queue, as _remove does a key's (dq_finish_id, dq_cancel_id)."""
+    return await (queue.finish_id(id) if scope == "consume" else queue.cancel_id(id))
 
 
 async def _topic_of(request: Request, job_id: str, token: Token | None, scope: str) -> str | None:
