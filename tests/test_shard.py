@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from conftest import DB, dsn, install_extension, partition_databases, recreate_database, unsharded
 from pgdq import Client, Queue, shard
-from pgdq.errors import InvalidArgument
+from pgdq.errors import InvalidArgument, StaleToken
 from psycopg import sql
 from test_upgrade import pgdq_cli
 
@@ -191,6 +191,37 @@ def test_pause_resume_and_history_through_a_router(sharded: Sharded) -> None:
             (bucket,) = q.history_stats(datetime.now(UTC) - timedelta(hours=1), timedelta(days=1))
             assert (bucket.acked, bucket.dead, bucket.cancelled) == (2, 0, 0)
             q.retain(None)
+    purge(sharded.router, names)
+
+
+def test_what_operators_look_at_through_a_router(sharded: Sharded) -> None:
+    """dq_deliveries, dq_delivery_of, dq_release and dq_finish_id (1.3) run on
+    the partition owning the queue; dq_dead_counts merges every partition."""
+    names = [f"operate-{n}" for n in range(8)]
+    for name in names:
+        with Queue(name, sharded.router) as q:
+            q.retain(3600)
+            q.offer("stuck", 1)
+            q.send(2)
+            stuck, keyless = sorted(q.poll_many(5), key=lambda d: d.key is None)
+            (running,) = [d for d in q.deliveries("running") if d.id == stuck.id]
+            assert (running.key, running.attempts) == ("stuck", 1)
+            assert q.delivery_of(stuck.id) == running
+            assert q.release(stuck.id)
+            with pytest.raises(StaleToken):  # a released lease's token
+                stuck.ack()
+            assert q.finish_id(keyless.id) and not q.finish_id(keyless.id)
+            assert [r.outcome for r in q.history() if r.key is None] == ["acked"]
+            (again,) = q.poll_many(5)
+            again.dead_letter("broken")
+    with Client(sharded.router) as client:
+        since = datetime.now(UTC) - timedelta(hours=1)
+        dead = sum(c.dead for c in client.dead_counts(since, timedelta(days=1)) if c.queue in names)
+    assert dead == len(names), "the dead letters of every partition are counted"
+    for name in names:
+        with Queue(name, sharded.router) as q:
+            q.retain(None)
+            q.purge_dead_letters()
     purge(sharded.router, names)
 
 
