@@ -927,6 +927,33 @@ def test_next_page_after_a_message_due_at_infinity(
     page.close()
 
 
+def test_next_page_at_the_first_and_last_finite_times_and_the_infinities(
+    server: Server, q: Queue, database: str
+) -> None:
+    """Messages due at -infinity, at 0001-01-01 00:00 UTC (the earliest time an offer takes), at
+    9999-12-31 23:59:59.999999 UTC and at infinity: the Next links go through each once (a finite
+    time that Python reads as an infinite one's looped, 1.3)."""
+    q.offer_many([(k, 1) for k in ("m1", "m2", "y1", "y2", "e1", "e2", "i1", "i2")])
+    with psycopg.connect(owner(database, q.name), autocommit=True) as c:
+        for keys, at in (
+            (["m1", "m2"], "-infinity"),
+            (["y1", "y2"], "0001-01-01 00:00:00+00"),
+            (["e1", "e2"], "9999-12-31 23:59:59.999999+00"),
+            (["i1", "i2"], "infinity"),
+        ):
+            c.execute("UPDATE dq_messages SET due_at = %s WHERE queue = %s AND key = ANY(%s)", (at, q.name, keys))
+    url, seen = f"/queues/{q.name}/messages?limit=1", []
+    for _ in range(12):
+        page = httpx.get(server.url + url)
+        assert page.status_code == 200, page.text
+        seen += re.findall(r'<tr data-id="\d+" data-key="([^"]*)"', page.text)
+        found = re.search(r'<a href="([^"]+)" id="next-page">', page.text)
+        if found is None:
+            break
+        url = found.group(1).replace("&amp;", "&")
+    assert seen == ["m1", "m2", "y1", "y2", "e1", "e2", "i1", "i2"], "each once, then no Next link"
+
+
 def test_the_overview_shows_a_page_of_queues_and_finds_one(
     browser: sync_api.Browser, server: Server, q: Queue, database: str
 ) -> None:

@@ -152,6 +152,20 @@ def test_a_poll_dead_letters_what_it_cannot_answer_and_delivers_the_rest(
     assert r.status_code == 200 and "10000000000" in r.text, "the dashboard lists it, as text"
 
 
+def test_a_poll_that_dead_letters_its_whole_batch_delivers_the_next_due(
+    api: httpx.Client, queue_name: str, q: Queue, database: str
+) -> None:
+    """A poll of max 1 without wait whose message is dead-lettered (unanswerable)
+    answers the next due message, not an empty list while one is due."""
+    q.offer("deep", nested(255))
+    with Queue(queue_name, database, codec=JsonText()) as raw:
+        raw.offer("huge", '{"n": 1e5000}')
+    q.offer("fine", {"n": 1})
+    r = api.post(f"/v1/queues/{queue_name}/poll", json={"max": 1, "wait": 0})
+    assert r.status_code == 200 and [d["key"] for d in r.json()["deliveries"]] == ["fine"], r.text
+    assert sorted(d.key for d in q.dead_letters()) == ["deep", "huge"]
+
+
 def test_an_offer_too_deep_to_hand_out_is_refused(api: httpx.Client, queue_name: str, q: Queue) -> None:
     url = f"/v1/queues/{queue_name}/messages"
     assert api.post(url, json={"key": "ok", "payload": nested(200)}).status_code == 200

@@ -733,14 +733,37 @@ def _after(queue: str, due_at: datetime, id: int) -> PeekedMessage:
 
 
 class _EndlessDumper(DatetimeDumper):
-    """timestamptz as psycopg writes it, but INFINITY and MINUS_INFINITY (as the service reads
-    'infinity' and '-infinity') as those words: a page after a message due at infinity starts after it."""
+    """timestamptz as psycopg writes it, but INFINITY and MINUS_INFINITY themselves (the objects the
+    service reads 'infinity' and '-infinity' as, not times equal to them) as those words: a page after
+    a message due at infinity starts after it, one after 0001-01-01 00:00 UTC after that time."""
 
     def dump(self, obj: datetime) -> Buffer | None:
         """obj's text: 'infinity', '-infinity', or as psycopg writes it."""
-        if obj in (INFINITY, MINUS_INFINITY):
-            return b"infinity" if obj == INFINITY else b"-infinity"
+        if obj is INFINITY or obj is MINUS_INFINITY:
+            return b"infinity" if obj is INFINITY else b"-infinity"
         return super().dump(obj)
+
+
+def _after_due_text(at: datetime) -> str:
+    """A due time in the Next link: the infinite ones (as read) as 'infinity' and '-infinity', any
+    other in ISO 8601, so that 0001-01-01 00:00 UTC is not taken for -infinity (its page looped)."""
+    return "infinity" if at is INFINITY else "-infinity" if at is MINUS_INFINITY else at.isoformat()
+
+
+def _after_due(text: str) -> datetime:
+    """The due time of the Next link's after_due (see _after_due_text); 400 for one without its zone."""
+    endless = {"infinity": INFINITY, "-infinity": MINUS_INFINITY}.get(text)
+    if endless is not None:
+        return endless
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise ApiError(
+            400, "after_due must be a time with its zone, or infinity, as the page's Next link gives"
+        ) from None
+    if at.utcoffset() is None:
+        raise ApiError(400, "after_due must name its time zone (as the page's Next link does)")
+    return at
 
 
 async def _browse(
@@ -766,7 +789,7 @@ async def messages_page(
     queue: QueueName,
     state: State = "all",
     prefix: str = Query("", max_length=200),
-    after_due: datetime | None = None,
+    after_due: str | None = Query(None, max_length=40),
     after_id: int | None = Query(None, ge=1, le=2**63 - 1),
     limit: int = Query(PAGE_SIZE, ge=1, le=MAX_PAGE),
 ) -> Response:
@@ -777,14 +800,12 @@ async def messages_page(
     authorize(request, "consume", queue)
     if (after_due is None) != (after_id is None):
         raise ApiError(400, "after_due and after_id go together (the last message of the page before)")
-    if after_due is not None and after_due.utcoffset() is None:
-        raise ApiError(400, "after_due must name its time zone (as the page's Next link does)")
     q = _queue(request, queue)
     stats = await q.stats()
     # a queue with no message may be a typo: 404 as its queue page (asked only then: one small summary)
     if not (stats.ready or stats.delayed or stats.leased) and not _exists(await _summary_context(request, queue)):
         raise _no_such_queue()
-    after = _after(queue, after_due, after_id) if after_due is not None and after_id is not None else None
+    after = _after(queue, _after_due(after_due), after_id) if after_due is not None and after_id is not None else None
     found = await _browse(request, queue, state, prefix, after, limit + 1)
     page, more = found[:limit], len(found) > limit
     link = functools.partial(_messages_link, queue, state=state, prefix=prefix, limit=limit)
@@ -800,7 +821,7 @@ async def messages_page(
         "first": link(),
         "tab": lambda s: link(state=s),
         "clear": link(prefix=""),
-        "next": link(after_due=page[-1].due_at.isoformat(), after_id=page[-1].id) if more else None,
+        "next": link(after_due=_after_due_text(page[-1].due_at), after_id=page[-1].id) if more else None,
         **_clock(),
     }
     return _page(request, "messages.html", context)

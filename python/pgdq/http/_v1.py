@@ -162,9 +162,11 @@ async def poll_waiting(
         with contextlib.ExitStack() as waiters:  # before the poll: no wake-up is lost
             woken = [waiters.enter_context(request.app.state.wakeups.waiter(name)) for name in names]
             for name in names:
-                deliveries = await _answerable(await _queue(request, name).poll_many(count, lease))
-                if deliveries:
-                    return deliveries
+                # a batch that was all dead-lettered (_answerable) says nothing of
+                # the messages behind it: poll again until one answers or none is due
+                while polled := await _queue(request, name).poll_many(count, lease):
+                    if deliveries := await _answerable(polled):
+                        return deliveries
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
                 return []
