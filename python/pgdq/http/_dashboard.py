@@ -801,11 +801,12 @@ async def messages_page(
     if (after_due is None) != (after_id is None):
         raise ApiError(400, "after_due and after_id go together (the last message of the page before)")
     q = _queue(request, queue)
+    # bad input is 400 whether the queue exists or not
+    after = _after(queue, _after_due(after_due), after_id) if after_due is not None and after_id is not None else None
     stats = await q.stats()
     # a queue with no message may be a typo: 404 as its queue page (asked only then: one small summary)
     if not (stats.ready or stats.delayed or stats.leased) and not _exists(await _summary_context(request, queue)):
         raise _no_such_queue()
-    after = _after(queue, _after_due(after_due), after_id) if after_due is not None and after_id is not None else None
     found = await _browse(request, queue, state, prefix, after, limit + 1)
     page, more = found[:limit], len(found) > limit
     link = functools.partial(_messages_link, queue, state=state, prefix=prefix, limit=limit)
