@@ -1,7 +1,7 @@
 -- Install: every api-v1 function (and pgdq's additions) with its exact signature, result shape,
 -- defaults, security settings, the dq_delivery and dq_delivery_info types, dq_now and dq_version.
 BEGIN;
-SELECT plan(145);
+SELECT plan(147);
 
 -- a composite type's fields, in order, as 'name type'
 CREATE FUNCTION pg_temp.fields(composite regclass) RETURNS text[] LANGUAGE sql AS $$
@@ -209,6 +209,12 @@ INSERT INTO expected VALUES
     'dq_history_bins',
     'queue text, since timestamp with time zone',
     'TABLE(minute_at timestamp with time zone, measure text, bin smallint, n bigint)'
+),
+-- every queue's minutes at once (1.3, /metrics)
+(
+    'dq_history_minutes',
+    'since timestamp with time zone, queues text[] DEFAULT NULL::text[]',
+    'TABLE(queue text, minute_at timestamp with time zone, acked bigint, dead bigint, cancelled bigint, measure text, bin smallint, n bigint)'  -- noqa: LT05
 ),
 -- a message finished by key or by id, recorded as acked (1.3)
 ('dq_finish', 'queue text, key text', 'boolean'),

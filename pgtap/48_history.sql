@@ -1,8 +1,8 @@
--- History (1.2): dq_retain, dq_history, dq_history_stats, dq_history_bins. A record of each
+-- History (1.2): dq_retain, dq_history, dq_history_stats, dq_history_bins (dq_history_minutes: 1.3). A record of each
 -- message that leaves a queue with retention on, with its outcome, kept for
 -- the queue's period; tallies behind the stats.
 BEGIN;
-SELECT plan(92);
+SELECT plan(98);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 -- off by default: nothing is recorded
@@ -300,6 +300,46 @@ SELECT throws_ok(
     'dq_history_bins: NULL since'
 );
 
+-- dq_history_minutes (1.3): dq_history_stats by the minute and dq_history_bins
+-- of every queue that keeps history (or of those given), in one statement
+CREATE FUNCTION pg_temp.minutes_each(since timestamptz, queues text[] DEFAULT NULL)
+RETURNS TABLE (
+    queue text, minute_at timestamptz, acked bigint, dead bigint, cancelled bigint, measure text, bin smallint, n bigint
+)
+LANGUAGE sql AS $$
+    SELECT q.queue::text, s.bucket_at, s.acked, s.dead, s.cancelled, NULL::text, NULL::smallint, NULL::bigint
+    FROM dq_queues AS q CROSS JOIN LATERAL dq_history_stats(q.queue, since, '1 minute') AS s
+    WHERE q.history_keep IS NOT NULL AND (queues IS NULL OR q.queue = ANY (queues))
+    UNION ALL
+    SELECT q.queue::text, b.minute_at, NULL, NULL, NULL, b.measure, b.bin, b.n
+    FROM dq_queues AS q CROSS JOIN LATERAL dq_history_bins(q.queue, since) AS b
+    WHERE q.history_keep IS NOT NULL AND (queues IS NULL OR q.queue = ANY (queues))
+    ORDER BY 1, 2, 6, 7
+$$;
+SELECT results_eq(
+    $$SELECT * FROM dq_history_minutes('2024-01-01 10:00+00')$$,
+    $$SELECT * FROM pg_temp.minutes_each('2024-01-01 10:00+00')$$,
+    'dq_history_minutes: the rows of dq_history_stats and dq_history_bins of every queue kept'
+);
+SELECT ok(
+    (SELECT count(DISTINCT queue) >= 3 AND count(measure) > 0 FROM dq_history_minutes('2024-01-01 10:00+00')),
+    'dq_history_minutes: of several queues, counts and bins'
+);
+SELECT results_eq(
+    $$SELECT * FROM dq_history_minutes('2024-01-01 12:00:30+00', ARRAY['t_bins', 't_none'])$$,
+    $$SELECT * FROM pg_temp.minutes_each('2024-01-01 12:00:30+00', ARRAY['t_bins'])$$,
+    'dq_history_minutes: of the queues given, from the minute holding since'
+);
+SELECT throws_ok(
+    $$SELECT * FROM dq_history_minutes(NULL)$$, '22004', 'pgdq: since must not be NULL',
+    'dq_history_minutes: NULL since'
+);
+SELECT throws_ok(
+    $$SELECT * FROM dq_history_minutes(dq_now() - interval '10000 minutes')$$, '22023',
+    'pgdq: since must be at most 10000 minutes before now, got 10001 minutes',
+    'dq_history_minutes: more than 10,000 minutes'
+);
+
 -- turning it off; ageing out
 SELECT dq_retain('t_hist', NULL);
 SELECT dq_offer('t_hist', 'late', '1');
@@ -357,6 +397,11 @@ SELECT results_eq(
 SELECT is(
     (SELECT sum(cancelled)::int FROM dq_history_stats('t_edge', '2024-02-01 09:00+00', '1 minute')), 1,
     'nor do its stats'
+);
+SELECT results_eq(
+    $$SELECT * FROM dq_history_minutes('2024-02-01 09:00+00')$$,
+    $$SELECT * FROM pg_temp.minutes_each('2024-02-01 09:00+00')$$,
+    'dq_history_minutes: as dq_history_stats at the edge of a period'
 );
 
 -- History belongs to its queue (1.3): no session setting dates a record

@@ -19,8 +19,7 @@ import pytest
 from conftest import JsonText, nested, unsharded
 from http_server import Server, free_port, make_tokens, serve, waiting_polls
 from pgdq import Queue
-from pgdq.http._metrics import HistoryMetrics, _Families
-from prometheus_client import CollectorRegistry, generate_latest
+from pgdq.http._metrics import HistoryMetrics
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_for
 
@@ -392,6 +391,42 @@ def test_metrics_count_the_finished_messages_of_queues_with_retention(
 
 
 @unsharded("the history metrics list the queues with retention from dq_queues, on the partitions")
+async def test_history_metrics_read_every_queue_in_one_call(database: str, queue_name: str) -> None:
+    """A scrape reads the history of every queue with retention in one call
+    of dq_history_minutes (1.3: a call of dq_history_stats and one of
+    dq_history_bins per queue, 8 s of a scrape of 5,000 queues), and writes
+    each queue's counts and histograms."""
+    names = [f"{queue_name}_{i}" for i in range(12)]
+    # the clock pinned within one minute in the past, so that the first scrape's minute holds the acks
+    minute = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=5)
+    set_clock = "SELECT set_config('dq.now', %s, false)"
+    with psycopg.connect(database, autocommit=True) as writer:
+        writer.execute(set_clock, ((minute + timedelta(seconds=10)).isoformat(),))
+        for name in names:
+            with Queue(name, writer) as q:
+                q.retain(timedelta(hours=1))
+                q.offer("a", 1)
+                delivery = q.poll()
+                assert delivery is not None
+                delivery.ack()
+    collector = HistoryMetrics()
+    async with await psycopg.AsyncConnection.connect(database) as conn:  # one transaction: its function calls
+        await conn.execute("SET LOCAL track_functions = 'pl'")
+        await conn.execute(set_clock, ((minute + timedelta(seconds=30)).isoformat(),))
+        text = (await collector.text(conn, None)).decode()
+        cursor = await conn.execute(
+            "SELECT p.proname, s.calls FROM pg_stat_xact_user_functions AS s JOIN pg_proc AS p ON p.oid = s.funcid"
+            " WHERE p.proname IN ('dq_history_minutes', 'dq_history_stats', 'dq_history_bins')"
+        )
+        assert dict(await cursor.fetchall()) == {"dq_history_minutes": 1}
+    for name in names:
+        samples = metric_samples(text, name)
+        assert samples[("pgdq_queue_finished_total", "acked")] == 1
+        assert samples[("pgdq_queue_lateness_seconds_count", None)] == 1
+        assert samples[("pgdq_queue_run_seconds_count", None)] == 1
+
+
+@unsharded("the history metrics list the queues with retention from dq_queues, on the partitions")
 async def test_history_metrics_never_go_down_and_give_lateness_and_run_time_histograms(
     database: str, queue_name: str
 ) -> None:
@@ -424,9 +459,7 @@ async def test_history_metrics_never_go_down_and_give_lateness_and_run_time_hist
 
             async def scrape(seconds: float, conn: psycopg.AsyncConnection[Any] = reader) -> dict[Any, float]:
                 await conn.execute(set_clock, at(seconds))
-                registry = CollectorRegistry()
-                registry.register(_Families(await collector.families(conn, None)))
-                return metric_samples(generate_latest(registry).decode(), queue_name)
+                return metric_samples((await collector.text(conn, None)).decode(), queue_name)
 
             def counts(samples: dict[tuple[str, str | None], float]) -> list[float]:
                 return [samples[("pgdq_queue_finished_total", o)] for o in ("acked", "dead", "cancelled")]

@@ -180,7 +180,7 @@ def test_a_request_head_over_16_kib_is_refused(database: str, running: list[Serv
     with socket.create_connection(tuple(host.split(":")), timeout=30) as sock:  # type: ignore[arg-type]
         # a head that never ends: refused once 16 KiB of it wait unparsed (not read on for ever)
         sock.sendall(f"GET /openapi.json HTTP/1.1\r\nhost: {host}\r\nx-big: {'a' * 20000}".encode())
-        assert sock.recv(100).startswith(b"HTTP/1.1 400 ")
+        assert sock.recv(100).startswith(b"HTTP/1.1 431 ")
     with socket.create_connection(tuple(host.split(":")), timeout=30) as sock:  # type: ignore[arg-type]
         # the same head in many short pieces (counted across reads), after a request on the connection
         sock.sendall(f"GET /openapi.json HTTP/1.1\r\nhost: {host}\r\n\r\n".encode())
@@ -189,7 +189,7 @@ def test_a_request_head_over_16_kib_is_refused(database: str, running: list[Serv
         with contextlib.suppress(OSError):  # the server may close before the last piece
             for i in range(40):
                 sock.sendall(f"x-h{i}: {'a' * 1000}\r\n".encode())
-        assert sock.recv(100).startswith(b"HTTP/1.1 400 ")
+        assert sock.recv(100).startswith(b"HTTP/1.1 431 ")
     with socket.create_connection(tuple(host.split(":")), timeout=30) as sock:  # type: ignore[arg-type]
         # a short head, then a body over 16 KiB read with it: the body is not the head's
         body = json.dumps({"key": "big", "payload": "x" * 20000}).encode()
@@ -206,6 +206,53 @@ def test_a_request_head_over_16_kib_is_refused(database: str, running: list[Serv
             path, headers = ("/openapi.json?" + head, "") if head.startswith("a") else ("/openapi.json", head)
             sock.sendall(f"GET {path} HTTP/1.1\r\nhost: {host}\r\n{headers}\r\n".encode())
             assert sock.recv(100).startswith(b"HTTP/1.1 431 "), head[:20]
+
+
+def whole_answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """The next answer on sock: status, headers (lower-case names; date left out), body (by content-length)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection after {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    while len(body) < int(headers["content-length"]):
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection within the body"
+        body += chunk
+    headers.pop("date", None)
+    return int(lines[0].split()[1]), headers, body
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_a_head_over_16_kib_in_pieces_gets_the_json_431_of_a_whole_one(
+    database: str, running: list[Server], parser: str
+) -> None:
+    """A head over 16 KiB answers the same JSON 431 (with the guard's headers, in the API's or a
+    protocol's shape) whether it came in one piece (HeadLimit) or in pieces, refused by the parser
+    before its end (it answered uvicorn's 400 text/plain), which then closes the connection."""
+    running.append(s := serve(database, "--http", parser))
+    host = s.url.removeprefix("http://")
+    address = tuple(host.split(":"))
+    for path in ("/v1/queues/pieces/stats", "/command"):
+        head = f"GET {path} HTTP/1.1\r\nhost: {host}\r\n" + "".join(f"x-h{i}: {'a' * 1000}\r\n" for i in range(20))
+        with socket.create_connection(address, timeout=30) as sock:  # type: ignore[arg-type]
+            sock.sendall(f"{head}\r\n".encode())
+            whole = whole_answer(sock)
+        with socket.create_connection(address, timeout=30) as sock:  # type: ignore[arg-type]
+            sock.sendall(head[:200].encode())
+            with contextlib.suppress(OSError):  # the server may close before the last piece
+                for at in range(200, len(head), 1000):
+                    sock.sendall(head[at : at + 1000].encode())  # never the blank line that ends it
+            status, headers, body = whole_answer(sock)
+            assert sock.recv(100) == b"", "the server closed the connection"
+        assert (status, headers["content-type"]) == (431, "application/json"), (status, headers, body)
+        assert (status, body) == whole[:1] + whole[2:], path
+        assert headers.pop("connection") == "close"
+        assert headers == whole[1], "the same headers (the guard's too), but connection: close"
+        assert json.loads(body)["error"] == "the request head is over 16384 bytes"
 
 
 # a server of pgdq with two routes of the test's own that fail: one raises, one answers what JSON cannot hold

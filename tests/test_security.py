@@ -185,6 +185,7 @@ CALLS = {
     "dq_history": "SELECT * FROM dq_history(%(q)s)",
     "dq_history_stats": "SELECT * FROM dq_history_stats(%(q)s, now() - interval '1 hour', '1 minute')",
     "dq_history_bins": "SELECT * FROM dq_history_bins(%(q)s, now() - interval '1 hour')",
+    "dq_history_minutes": "SELECT * FROM dq_history_minutes(now() - interval '1 hour', ARRAY[%(q)s])",
     "dq_deliveries": "SELECT * FROM dq_deliveries(%(q)s, 'retrying')",
     "dq_delivery_of": "SELECT * FROM dq_delivery_of(%(q)s, 1)",
     "dq_release": "SELECT dq_release(%(q)s, 1)",
@@ -666,6 +667,9 @@ def test_a_tenant_reads_its_own_history_and_touches_no_other(isolated: str) -> N
         assert kept(p, payroll) == (300, 300, 300), "a tenant reads its own queue's history"
         assert kept(b, payroll) == (0, 0, 0), "and no other's"
         assert value(b, "SELECT count(*) FROM dq_history_bins(%s, now() - interval '1 hour')", payroll) == 0
+        minutes = "SELECT count(*) FROM dq_history_minutes(now() - interval '1 hour') WHERE queue = %s"
+        assert value(b, minutes, payroll) == 0
+        assert value(p, minutes, payroll) > 0, "a tenant reads its own queue's minutes"
         for table in ("dq_history", "dq_history_deltas", "dq_history_tallies"):
             assert value(b, f"SELECT count(*) FROM {table} WHERE NOT starts_with(queue, 'billing/')") == 0, table
         b.execute("SET dq.now = '9999-06-01 00:00+00'")

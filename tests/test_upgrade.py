@@ -6,6 +6,7 @@ an extension install keeps the messages and the id sequence."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -23,6 +24,7 @@ import pytest
 from conftest import DB, dsn, recreate_database
 from pgdq import install
 from pgdq._script import quote_ident, released_install_script, upgrade_steps
+from pgdq.http._metrics import MAX_SPAN, history_rows
 from pgdq.install import upgrade
 from waiting import wait_for
 
@@ -328,6 +330,17 @@ def fill_history(conn: Conn, consumer: Conn) -> Any:
     return token[0]
 
 
+def metrics_history(conninfo: str, since: datetime) -> list[tuple[Any, ...]]:
+    """The rows /metrics reads of the history (pgdq.http's history_rows) from since, without the clock's."""
+
+    async def read() -> list[tuple[Any, ...]]:
+        async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+            rows = await history_rows(conn, None, {"since": since, "span": MAX_SPAN, "names": None})
+        return [row[1:] for row in rows]
+
+    return asyncio.run(read())
+
+
 @pytest.mark.parametrize("kind", ["extension", "plain"])
 def test_a_live_1_2_0_database_upgrades_with_everything_in_it(scratch: str, kind: str) -> None:
     """Messages, leases, history records and tallies, retention, a paused
@@ -347,12 +360,16 @@ def test_a_live_1_2_0_database_upgrades_with_everything_in_it(scratch: str, kind
         stats_before = conn.execute(stats, (since,)).fetchall()
         history = "SELECT * FROM dq_history('kept')"
         history_before = conn.execute(history).fetchall()
+        assert conn.execute("SELECT to_regproc('dq_history_minutes')").fetchone() == (None,)
+        metrics_before = metrics_history(scratch, since)  # dq_history_stats and dq_history_bins per queue
+        assert {row[0] for row in metrics_before} == {"kept"} and any(row[5] for row in metrics_before)
 
         upgrade_to_current(conn, kind, version="1.2.0")  # while the consumer holds its leases
 
         assert snapshot(conn, tables) == before, "the upgrade changed no row"
         assert conn.execute(history).fetchall() == history_before, "every record reads as before"
         assert conn.execute(stats, (since,)).fetchall() == stats_before, "and every tally"
+        assert metrics_history(scratch, since) == metrics_before, "/metrics reads them alike (dq_history_minutes)"
         assert conn.execute("SELECT retain FROM dq_queues WHERE queue = 'kept'").fetchone() == (timedelta(days=7),)
         assert conn.execute("SELECT * FROM dq_poll('paused')").fetchall() == [], "the paused queue stays paused"
         assert conn.execute("SELECT dq_resume('paused')").fetchone() == (True,)

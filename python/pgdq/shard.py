@@ -64,8 +64,10 @@ ROUTES: dict[str, str] = {
 }
 # The composite types routed functions return, created on the router as the partitions have them
 RESULT_TYPES = ("dq_delivery", "dq_delivery_info")
-# Snapshot reads (pgdq.spark) need one server's snapshot: read each partition directly.
-NOT_ROUTED = frozenset({"dq_read_bounds", "dq_read_messages", "dq_read_dead_letters"})
+# Snapshot reads (pgdq.spark) need one server's snapshot: read each partition directly. So does
+# /metrics' read of every kept queue's history (dq_history_minutes: a router has no dq_queues to
+# list the queues with retention; dq_history_stats and dq_history_bins are routed by queue).
+NOT_ROUTED = frozenset({"dq_read_bounds", "dq_read_messages", "dq_read_dead_letters", "dq_history_minutes"})
 # The order of a merged result, as the function itself orders it
 MERGED_ORDER = {
     "dq_stats": "1",

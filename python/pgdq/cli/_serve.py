@@ -106,7 +106,7 @@ def serve(
         from ..http import Settings, create_app, load_tokens
         from ..http._auth import session_key
         from ..http._middleware import MAX_HEAD
-        from ..http._server import BoundedHttpToolsProtocol
+        from ..http._server import BoundedH11Protocol, BoundedHttpToolsProtocol
     except ModuleNotFoundError as e:
         raise click.ClickException(
             f"pgdq serve needs the http extra (no module {e.name}): pip install 'pgdq[http]'"
@@ -139,8 +139,9 @@ def serve(
     config = uvicorn.Config(
         create_app(settings),
         log_level=log_level.lower(),
-        # both parsers refuse a request head still unparsed after MAX_HEAD bytes (uvicorn's httptools alone reads on)
-        http=BoundedHttpToolsProtocol if parser == "httptools" else "h11",
+        # both parsers refuse a request head still unparsed after MAX_HEAD bytes (uvicorn's httptools alone reads
+        # on) with the JSON 431 a whole one gets (uvicorn's: 400 text/plain)
+        http=BoundedHttpToolsProtocol if parser == "httptools" else BoundedH11Protocol,
         h11_max_incomplete_event_size=MAX_HEAD,
         timeout_keep_alive=timeout_keep_alive,
         limit_concurrency=limit_concurrency,

@@ -49,7 +49,7 @@ from ..model import DeadLetter, DeliveryInfo, HistoryBucket, HistoryRecord, Mess
 from ._access import TOKEN_COOKIE, ApiError, authorize, presented_token
 from ._auth import Token, find_token, new_session
 from ._guard import SAFE_METHODS
-from ._metrics import _UNAVAILABLE, history_statement
+from ._metrics import _UNAVAILABLE, history_rows
 from ._v1 import INFINITY, MINUS_INFINITY, QueueName, SegmentRoute, _client, _queue
 
 HERE = Path(__file__).parent
@@ -313,8 +313,7 @@ async def _retained_minutes(request: Request, since: datetime, names: list[str])
     params = {"since": since, "span": 2 * HOUR, "names": names}
     async with request.app.state.pool.connection() as conn:
         try:
-            cursor = await conn.execute(history_statement(settings.schema), params)
-            rows = await cursor.fetchall()
+            rows = await history_rows(conn, settings.schema, params)
         except _UNAVAILABLE:
             return {}
     found: dict[str, list[HistoryBucket]] = {}
