@@ -45,11 +45,17 @@ elif [ -f "$link/data/PG_VERSION" ] || usable "$link"; then base=$link
 else base=$away; fi
 data="$base/data"
 sock="$base/run"
+# The clusters the tests and the bench restart listen below the kernel's
+# range for outgoing connections (/proc/sys/net/ipv4/ip_local_port_range,
+# 32768-60999 by default): there, a client's socket (a router's connection
+# to its partition, say) could take the port while the server restarts, and
+# a crash-restart, which must come back on the same port, failed to bind
+# ("Address already in use"). The demo keeps the port its docs show.
 case "$role" in
-  test) first_port=${PGDQ_TEST_PORT:-54329} ;;
+  test) first_port=${PGDQ_TEST_PORT:-25429} ;;
   demo) first_port=${PGDQ_DEMO_PORT:-54340} ;;
-  bench) first_port=${PGDQ_BENCH_PORT:-54350} ;;
-  *) first_port=${PGDQ_PORT:-54360} ;;
+  bench) first_port=${PGDQ_BENCH_PORT:-25450} ;;
+  *) first_port=${PGDQ_PORT:-25460} ;;
 esac
 first_port=$((first_port + (version - 15) * 100)) # each version from a range of its own
 
@@ -119,9 +125,9 @@ start() {
   running && return 0
   # another checkout's cluster took our port while we were stopped: move
   port_in_use "$port" && { port=$((port - 1)); move_port; }
-  # Our ports lie in the kernel's range for outgoing connections, so a
-  # client's socket can hold one that no server listens on (seen in make
-  # test: "could not bind ... Address already in use"): then try the next.
+  # A port can still be held by something that does not answer (a client's
+  # socket, where the range for outgoing connections is set otherwise; the
+  # demo's port): "could not create any TCP/IP sockets", then try the next.
   local tries=0 lines
   while true; do
     lines=$( (wc -l <"$base/server.log") 2>/dev/null || echo 0)
