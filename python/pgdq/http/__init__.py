@@ -12,18 +12,26 @@ PostgreSQL. docs/http.md describes the API.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._app import Settings, create_app
 from ._auth import Token, load_tokens, new_token, session_key
+
+if TYPE_CHECKING:
+    from ._app import Settings, create_app
 
 __all__ = ["Settings", "Token", "app", "create_app", "load_tokens", "new_token"]
 
 
 def __getattr__(name: str) -> Any:
-    """`app`: the service configured from the environment, made on first use."""
-    if name != "app":
+    """`Settings` and `create_app` (FastAPI, imported on first use: `pgdq token`
+    needs none of it), and `app`: the service configured from the environment,
+    made on first use."""
+    if name not in ("Settings", "create_app", "app"):
         raise AttributeError(name)
+    from ._app import Settings, create_app
+
+    if name != "app":
+        return Settings if name == "Settings" else create_app
     tokens = os.environ.get("PGDQ_TOKENS")
     settings = Settings(
         dsn=os.environ.get("PGDQ_DSN", ""),
