@@ -226,6 +226,15 @@ def whole_answer(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     return int(lines[0].split()[1]), headers, body
 
 
+def closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server closed sock: an end of stream, or a reset (pieces
+    of ours that reached it after it closed make its kernel answer RST)."""
+    try:
+        return sock.recv(100) == b""
+    except ConnectionResetError:
+        return True
+
+
 @pytest.mark.parametrize("parser", ["httptools", "h11"])
 def test_a_head_over_16_kib_in_pieces_gets_the_json_431_of_a_whole_one(
     database: str, running: list[Server], parser: str
@@ -247,7 +256,7 @@ def test_a_head_over_16_kib_in_pieces_gets_the_json_431_of_a_whole_one(
                 for at in range(200, len(head), 1000):
                     sock.sendall(head[at : at + 1000].encode())  # never the blank line that ends it
             status, headers, body = whole_answer(sock)
-            assert sock.recv(100) == b"", "the server closed the connection"
+            assert closed_by_server(sock), "the server closed the connection"
         assert (status, headers["content-type"]) == (431, "application/json"), (status, headers, body)
         assert (status, body) == whole[:1] + whole[2:], path
         assert headers.pop("connection") == "close"

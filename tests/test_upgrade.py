@@ -325,6 +325,9 @@ def fill_history(conn: Conn, consumer: Conn) -> Any:
     token = consumer.execute("SELECT lock_token FROM dq_poll('kept', '10 minutes')").fetchone()
     assert token is not None
     conn.execute("SELECT dq_send('kept', '2', now() + interval '1 hour')")
+    # 1.2.0's triggers fold deltas at random (1 in 256): this seed's draws
+    # leave the cancel's record a delta, so the snapshot is the same every run
+    conn.execute("SELECT setseed(0.5)")
     conn.execute("SELECT dq_offer('kept', 'gone', '1'), dq_cancel('kept', 'gone')")
     conn.execute("SELECT dq_pause('paused'), dq_offer('paused', 'p', '1')")
     return token[0]

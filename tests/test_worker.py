@@ -436,14 +436,18 @@ def test_a_hung_sync_handler_is_abandoned_and_frees_its_slot(
     database: str, queue_name: str, worker_log: pytest.LogCaptureFixture
 ) -> None:
     events: list[str] = []
+    next_handled = threading.Event()
 
     @handler(timeout=timedelta(seconds=0.3), max_attempts=1)
     def stuck(d: AsyncDelivery) -> None:
         if d.key == "stuck":
-            time.sleep(1.0)  # ignores lease_lost(): Python cannot stop it
+            # hangs past its timeout, ignoring lease_lost() (Python cannot
+            # stop it), until the next message was handled in its slot
+            next_handled.wait(60)
             events.append(f"stuck returned, lease_lost={lease_lost()}")
         else:
             events.append(f"{d.key} handled")
+            next_handled.set()
 
     with Queue(queue_name, database) as q, running(Worker(queue_name, stuck, dsn=database, concurrency=1)):
         q.offer("stuck", 1, NOW)
