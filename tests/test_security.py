@@ -24,7 +24,7 @@ from conftest import DB, ROOT, dsn, install_extension, recreate_database
 from pgdq import AsyncDelivery, Queue, Worker
 from psycopg import sql
 from test_worker import running
-from waiting import wait_for
+from waiting import notified, wait_for
 
 TAG = secrets.token_hex(4)
 PRODUCER = f"pgdq_sec_producer_{TAG}"
@@ -542,7 +542,8 @@ def test_an_upgrade_from_1_0_0_keeps_the_policies(roles: None) -> None:
 
 
 def wakeups(listener: Conn) -> list[str]:
-    return [n.payload for n in listener.notifies(timeout=0.5) if n.channel == "dq_wakeup"]
+    """The wake-ups listener got from every transaction committed so far."""
+    return notified(listener)
 
 
 def test_any_role_can_listen_to_and_fake_wake_ups(database: str, roles: None) -> None:
