@@ -12,7 +12,7 @@ from http_server import free_port
 from pgdq import Queue
 from prometheus_client.parser import text_string_to_metric_families
 from test_worker import worker_process
-from waiting import outstanding, wait_for
+from waiting import PATIENCE, outstanding, wait_for
 
 # ok: acked; retry: asks once for a retry, then acked; boom: fails twice
 # (--max-attempts 2: retried after the backoff, then dead-lettered)
@@ -49,7 +49,7 @@ def test_outcomes_and_durations(tmp_path: Path, database: str, queue_name: str) 
         assert zero[("pgdq_worker_deliveries_total", queue_name, "dead_lettered")] == 0, "every series from the start"
         with Queue(queue_name, database) as q:
             q.offer_many([("ok-1", 1), ("ok-2", 1), ("ok-3", 1), ("retry-1", 1), ("boom-1", 1)])
-            wait_for(lambda: outstanding(q, "ready", "leased", "delayed") == 0, "all settled", timeout=30)
+            wait_for(lambda: outstanding(q, "ready", "leased", "delayed") == 0, "all settled")
             assert [d.key for d in q.dead_letters()] == ["boom-1"]
         done = scrape(port)
         counts = {o: done[("pgdq_worker_deliveries_total", queue_name, o)] for o in ("handled", "retried", "failed")}
@@ -59,7 +59,7 @@ def test_outcomes_and_durations(tmp_path: Path, database: str, queue_name: str) 
         assert done[("pgdq_worker_handler_duration_seconds_sum", queue_name, "")] >= 7 * 0.05
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
+        assert proc.wait(PATIENCE) == 0
 
 
 def _answers(port: int) -> bool:
@@ -75,5 +75,5 @@ def test_a_port_in_use_is_a_clear_error(tmp_path: Path, database: str, queue_nam
         taken.listen()
         port = taken.getsockname()[1]
         proc = worker_process(tmp_path, database, queue_name, HANDLER, "--metrics-port", str(port))
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=PATIENCE)
     assert proc.returncode == 2 and f"--metrics-port {port}" in err.decode(), err
