@@ -22,7 +22,7 @@ from conftest import DB
 from pgbouncer import BINARY, PgBouncer
 from pgdq import AsyncDelivery, Client, CronService, Message, Queue, Worker
 from psycopg_pool import ConnectionPool
-from test_worker import running
+from test_worker import hour_idle, running
 from waiting import outstanding, wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -118,14 +118,13 @@ def test_the_worker_through_pgbouncer_wakes_on_a_direct_listen(
     worker = Worker(
         queue_name, handler, dsn=bouncer.conninfo(DB), listen_dsn=database, prepared_statements=False, concurrency=8
     )
-    with running(worker):
+    with running(hour_idle(worker)):
         wait_for(lambda: len(handled) == 300, "300 handled")
         time.sleep(1.0)  # idle now, waiting on dq_wakeup
-        offered = time.monotonic()
         q.offer("late", 1)
-        wait_for(lambda: any(k == "late" for k, _ in handled), "the late offer handled")
+        # its idle cap and waiting line are an hour away: only the wake-up explains it
+        wait_for(lambda: any(k == "late" for k, _ in handled), "the late offer handled, woken")
     assert sorted(k for k, _ in handled if k != "late") == sorted(f"m{i}" for i in range(300))
-    assert next(t for k, t in handled if k == "late") - offered < 3, "woken, not after idle_cap (30 s)"
     assert outstanding(q, "ready", "leased") == 0
 
 
@@ -151,7 +150,7 @@ def test_cron_services_through_pgbouncer(pool: ConnectionPool, queue_name: str) 
     cron = CronService(Queue(queue_name, pool))
     handle = cron.install_periodic_tick("tick", timedelta(seconds=1))
     try:
-        wait_for(lambda: len(Queue(queue_name, pool).peek(max_count=100)) >= 8, "eight runs' occurrences", timeout=20)
+        wait_for(lambda: len(Queue(queue_name, pool).peek(max_count=100)) >= 8, "eight runs' occurrences")
         assert handle.last_error is None
     finally:
         handle.stop()
