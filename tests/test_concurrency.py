@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -119,12 +118,11 @@ def test_poll_never_waits_behind_open_transactions(database: str, queue_name: st
         Queue(queue_name, b).offer("b-held-by-offer", 20, conn=b)  # row lock by an update, open
         Queue(queue_name, c).offer("uncommitted", 4, conn=c)  # an insert not yet committed
         with psycopg.connect(database, autocommit=True) as poller:
+            # the transactions stay open: a poll that waited for any of their
+            # locks would wait past this and fail (LockNotAvailable), however fast the machine
             poller.execute("SET lock_timeout = '1s'")
-            started = time.monotonic()
             got = Queue(queue_name, poller).poll_many(10)
-            elapsed = time.monotonic() - started
         assert [d.key for d in got] == ["free"]
-        assert elapsed < 0.5, f"the poll waited {elapsed:.2f}s"
         for session in (a, b, c):
             session.rollback()
 
@@ -149,8 +147,8 @@ def test_an_install_that_waited_skips_occurrences_delivered_meanwhile(database: 
     time after the wait: an occurrence that fell due, and was delivered and
     acked, while it waited is not installed again (two schedulers delivered
     one occurrence twice)."""
-    due = datetime.now(UTC) + timedelta(seconds=1)
     with Queue(queue_name, database) as q, psycopg.connect(database) as holder:
+        due = datetime.now(UTC) + timedelta(seconds=2)  # still ahead once installed, on a busy machine too
         assert q.cron_install("tick", "cfg1", [(due, {})]) == 1
         # another installer of the prefix holds its lock (dq_cron_install's first step)
         holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s || '/tick', 0))", (queue_name,))
@@ -201,10 +199,9 @@ def test_batches_in_any_key_order_never_deadlock(database: str, queue_name: str)
 def test_lease_expiry_redelivers(database: str, queue_name: str, conn: psycopg.Connection[Any]) -> None:
     q = Queue(queue_name, conn)
     q.offer("k", 1)
-    first = q.poll(timedelta(milliseconds=300))
+    first = q.poll(timedelta(seconds=2))  # long enough for the next poll to come first on a busy machine
     assert first is not None and q.poll() is None, "leased: invisible to other pollers"
-    time.sleep(0.4)
-    second = q.poll()
+    second = wait_for(q.poll, "the lease to run out")
     assert second is not None and second.redelivery and second.attempts == 2
     assert not q.ack(first.lock_token), "the expired, re-leased token is stale"
     assert q.ack(second.lock_token)
