@@ -20,6 +20,7 @@ from conftest import examples
 from croniter import CroniterBadDateError, croniter
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from waiting import PATIENCE, wait_for
 
 ZONES = ["America/New_York", "Europe/Bucharest", "Australia/Lord_Howe", "UTC"]
 # local days on which the zones change their clocks (2025-2027)
@@ -211,7 +212,8 @@ def test_a_statement_timeout_while_materialising_is_the_schedules_error(database
     queue = "cron_lock_timeout"
     with psycopg.connect(database, autocommit=True) as poller, psycopg.connect(database) as holder:
         _hold_the_occurrence(poller, holder, queue)
-        poller.execute("SET statement_timeout = '500ms'")
+        # long enough for the poll to reach the held key first, on a busy machine too
+        poller.execute("SET statement_timeout = '2s'")
         delivered = poller.execute("SELECT key FROM dq_poll_many(%s, 10)", (queue,)).fetchall()
         poller.execute("SET statement_timeout = 0")
         holder.rollback()
@@ -222,20 +224,21 @@ def test_a_statement_timeout_while_materialising_is_the_schedules_error(database
 
 def test_a_statement_timeout_counts_from_the_statements_first_message(database: str) -> None:
     """The extended protocol starts a statement's timeout at its Parse, and
-    statement_timestamp() at its Execute: with 300 ms between them (a client
-    that parses, then binds later), a timeout of 500 ms fires 200 ms after
-    statement_timestamp(), and is still the schedule's error, not a cancel
+    statement_timestamp() at its Execute: with 500 ms between them (a client
+    that parses, then binds later), a timeout of 2 s fires 1.5 s after
+    statement_timestamp() (time for a busy machine's Execute to reach the
+    held key first), and is still the schedule's error, not a cancel
     (1.1.0 took it for a cancel whenever the gap was wider than the timer's
     lateness, and failed the poll)."""
     queue = "cron_lock_timeout_parse"
     with psycopg.connect(database, autocommit=True) as poller, psycopg.connect(database) as holder:
         _hold_the_occurrence(poller, holder, queue)
-        poller.execute("SET statement_timeout = '500ms'")
+        poller.execute("SET statement_timeout = '2s'")
         pgconn = poller.pgconn
         pgconn.enter_pipeline_mode()  # Parse now, Bind and Execute later, one implicit transaction
         pgconn.send_prepare(b"poll", b"SELECT key FROM dq_poll_many($1, 10)")
         pgconn.flush()
-        time.sleep(0.3)  # the gap itself (not a wait for some state): Parse's clock runs meanwhile
+        time.sleep(0.5)  # the gap itself (not a wait for some state): Parse's clock runs meanwhile
         pgconn.send_query_prepared(b"poll", [queue.encode()])
         pgconn.pipeline_sync()
         pgconn.flush()
@@ -278,12 +281,9 @@ def test_a_cancel_request_still_cancels_the_poll(database: str) -> None:
 
         thread = threading.Thread(target=poll)
         thread.start()
-        for _ in range(500):  # until the poll waits for the holder's row
-            waiting = admin.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,))
-            if waiting.fetchone()[0]:
-                break
-            time.sleep(0.01)
+        waiting = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s"
+        wait_for(lambda: admin.execute(waiting, (pid,)).fetchone()[0], "the poll to wait for the holder's row")
         admin.execute("SELECT pg_cancel_backend(%s)", (pid,))
-        thread.join(10)
+        thread.join(PATIENCE)
         holder.rollback()
         assert len(outcome) == 1 and isinstance(outcome[0], psycopg.errors.QueryCanceled)

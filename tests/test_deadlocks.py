@@ -511,8 +511,9 @@ def in_thread(run: Callable[[], list[Any]]) -> tuple[threading.Thread, list[Any]
 
 
 def wait_blocked_or_done(admin: psycopg.Connection[Any], pid: int, thread: threading.Thread) -> None:
-    """Until the session pid waits for a lock, or thread has finished."""
-    for _ in range(1000):
+    """Until the session pid waits for a lock, or thread has finished (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
         if not thread.is_alive():
             return
         waits = admin.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()

@@ -34,8 +34,9 @@ MAX_KILLS = 25
 
 
 def query(conninfo: str, sql: str) -> Any:
-    """One value, retrying while the server restarts."""
-    for _ in range(100):
+    """One value, retrying while the server restarts (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
         try:
             with psycopg.connect(conninfo, autocommit=True, connect_timeout=3) as c:
                 row = c.execute(sql).fetchone()
