@@ -25,6 +25,7 @@ from http_server import Server, make_tokens, serve, sign_in
 from pgdq import Client, Message, Queue
 from pgdq.errors import StaleToken
 from test_http_guard import dead_keys
+from waiting import PATIENCE
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(
@@ -35,6 +36,9 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in t
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[sync_api.Browser]:
+    # what a page shows is waited for as long as any state in the tests (5 s, Playwright's default, is
+    # not long on a busy 2-core machine)
+    sync_api.expect.set_options(timeout=PATIENCE * 1000)
     with sync_api.sync_playwright() as p:
         launched = p.chromium.launch(executable_path=CHROMIUM)
         yield launched
@@ -78,7 +82,7 @@ def test_overview_and_queue_page_match_sql(
     assert cells == {"ready": stats.ready, "delayed": stats.delayed, "leased": stats.leased, "dead": 1}
     q.offer("new", 1)  # the overview refreshes itself
     ready = f'tr[data-queue="{queue_name}"] [data-field="ready"]'
-    sync_api.expect(page.locator(ready)).to_have_text(str(stats.ready + 1), timeout=10_000)  # no eval: CSP
+    sync_api.expect(page.locator(ready)).to_have_text(str(stats.ready + 1), timeout=PATIENCE * 1000)  # no eval: CSP
 
     row.locator("a").click()
     page.locator("#due-chart").wait_for()
@@ -101,7 +105,7 @@ def test_redrive_through_the_button(browser: sync_api.Browser, server: Server, q
     page.on("dialog", lambda d: (asked.append(d.message), d.accept()))
     page.goto(f"{server.url}/queues/{q.name}")
     page.locator('tr[data-key="dead"] button', has_text="Redrive").click()
-    page.locator('tr[data-key="dead"]').wait_for(state="detached", timeout=10_000)
+    page.locator('tr[data-key="dead"]').wait_for(state="detached", timeout=PATIENCE * 1000)
     assert asked == ["Offer dead again, due now?"]
     assert q.get("dead") is not None and q.dead_letters() == []
     page.close()
@@ -131,11 +135,11 @@ def test_keyless_dead_letters_show_their_id_and_act_by_it(browser: sync_api.Brow
     assert page.locator('tr[data-key="dead"] td').nth(1).inner_text() == str(keyed_id)
     assert "None" not in page.locator("#summary table").last.inner_text()
     row.locator("button", has_text="Redrive").click()
-    row.wait_for(state="detached", timeout=10_000)
+    row.wait_for(state="detached", timeout=PATIENCE * 1000)
     assert asked == [f"Offer the keyless dead letter {first} again, due now?"]
     assert [m.raw_payload for m in q.peek() if m.key is None] == [7], "redriven as a keyless message"
     page.locator(f'tr[data-id="{second}"] button', has_text="Purge").click()
-    page.locator(f'tr[data-id="{second}"]').wait_for(state="detached", timeout=10_000)
+    page.locator(f'tr[data-id="{second}"]').wait_for(state="detached", timeout=PATIENCE * 1000)
     assert asked[1] == f"Delete the keyless dead letter {second} for good?"
     assert [d.key for d in q.dead_letters()] == ["dead"], "the keyed dead letter stays"
     assert [m.raw_payload for m in q.peek() if m.key is None] == [7], "purged, not redriven"
@@ -293,7 +297,7 @@ def test_another_origin_cannot_use_the_cookie(
         page.goto(f"{s.url}/queues/{q.name}")
         page.on("dialog", lambda d: d.accept())
         page.locator("button", has_text="Purge all").click()  # the page's own button still works
-        page.locator('tr[data-key="dead"]').wait_for(state="detached", timeout=10_000)
+        page.locator('tr[data-key="dead"]').wait_for(state="detached", timeout=PATIENCE * 1000)
         assert dead_keys(database, q.name) == []
         page.close()
     finally:
@@ -707,7 +711,7 @@ TRACEBACK = (
 
 def _refreshed(page: sync_api.Page, path: str) -> None:
     """Wait until the page's next live refresh (a GET of path, every 5 s) has been swapped in and settled."""
-    with page.expect_response(lambda r: path in r.url and r.request.method == "GET", timeout=15_000):
+    with page.expect_response(lambda r: path in r.url and r.request.method == "GET", timeout=PATIENCE * 1000):
         settled = "() => document.body.addEventListener('htmx:afterSettle', () => done(), {once: true})"
         page.evaluate(f"() => new Promise((done) => ({settled})())")
 
