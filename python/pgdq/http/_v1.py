@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import unquote
 
+import psycopg
 from fastapi import APIRouter, Path, Request
 from fastapi.routing import APIRoute
 from psycopg import adapters
@@ -22,6 +23,7 @@ from starlette.routing import Match
 from starlette.types import Scope
 
 from .. import AsyncClient, AsyncDelivery, AsyncQueue
+from .._reconnect import is_transient
 from ..codec import UnreadableJson
 from ..model import Message, QueueStats
 from ._access import ApiError, authorize
@@ -155,26 +157,54 @@ async def poll_waiting(
 ) -> list[AsyncDelivery]:
     """Up to count deliveries of the first of queues (in order) that has any; none
     due: wait up to wait seconds, woken by dq_wakeup of any of them or the next
-    due time ([] if none came or the client left)."""
+    due time ([] if none came or the client left). A database that cannot be
+    reached is waited for within wait too: tried again each second and when
+    the wake-up connection is back; its error once wait has run out."""
     names = [queues] if isinstance(queues, str) else list(queues)
     deadline = asyncio.get_running_loop().time() + wait
     while True:
         with contextlib.ExitStack() as waiters:  # before the poll: no wake-up is lost
             woken = [waiters.enter_context(request.app.state.wakeups.waiter(name)) for name in names]
-            for name in names:
-                # a batch that was all dead-lettered (_answerable) says nothing of
-                # the messages behind it: poll again until one answers or none is due
-                while polled := await _queue(request, name).poll_many(count, lease):
-                    if deliveries := await _answerable(polled):
-                        return deliveries
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                return []
-            dues = [due for name in names if (due := await _queue(request, name).next_due()) is not None]
-            if dues:
-                left = min(left, max((min(dues) - datetime.now(UTC)).total_seconds(), 0.01))
+            try:
+                if deliveries := await _poll_first(request, names, count, lease):
+                    return deliveries
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    return []
+                left = await _until_next_due(request, names, left)
+            except Exception as e:
+                left = deadline - asyncio.get_running_loop().time()
+                if not _unreachable(e) or left <= 0:
+                    raise
+                log.info("long poll of %s: the database is unreachable (%s); waiting for it", names, e)
+                left = min(left, 1.0)
             if not await _woken_or_gone(request, woken, left):
                 return []
+
+
+async def _poll_first(request: Request, names: Sequence[str], count: int, lease: float) -> list[AsyncDelivery]:
+    """Deliveries of the first of names that has any answerable ones; [] if none."""
+    for name in names:
+        # a batch that was all dead-lettered (_answerable) says nothing of
+        # the messages behind it: poll again until one answers or none is due
+        while polled := await _queue(request, name).poll_many(count, lease):
+            if deliveries := await _answerable(polled):
+                return deliveries
+    return []
+
+
+async def _until_next_due(request: Request, names: Sequence[str], left: float) -> float:
+    """Seconds to wait: left, or less if a message of names falls due sooner."""
+    dues = [due for name in names if (due := await _queue(request, name).next_due()) is not None]
+    if dues:
+        left = min(left, max((min(dues) - datetime.now(UTC)).total_seconds(), 0.01))
+    return left
+
+
+def _unreachable(error: Exception) -> bool:
+    """Whether error says the database cannot be reached now (a restart, a
+    crash, a full pool), not that it refused or cancelled the statement."""
+    return is_transient(error) and not isinstance(error, psycopg.errors.QueryCanceled)
 
 
 async def _woken_or_gone(request: Request, woken: Sequence[asyncio.Event], timeout: float) -> bool:
