@@ -8,10 +8,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -504,6 +506,54 @@ def test_every_pooled_connection_works_as_soon_as_the_database_is_back(
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute("SELECT dq_offer('r', 'after', '2')")
         assert answer_status(poll) == 200, "the long poll rode out the crash"
+
+
+@unsharded("makes its own database refuse connections, not the router's partitions")
+@pytest.mark.skipif(not throwaway_clusters(), reason="starts a throwaway cluster: only next to the repo's test cluster")
+def test_a_long_poll_waits_within_its_wait_for_a_database_it_cannot_reach(
+    restartable: dict[str, str], running: list[Server]
+) -> None:
+    """A long poll that wakes (its message falls due) while the database refuses
+    connections for longer than the pool's 5 s timeout keeps waiting, within its
+    own wait, and delivers the message once connections are taken again (it
+    answered 503 as soon as the pool timed out)."""
+    dsn = _restart_database(restartable)
+    running.append(s := serve(dsn))
+    log = lines_of(s.process.stderr)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT dq_offer('u', 'soon', '1', now() + interval '3 seconds')")
+    with httpx.Client(base_url=s.url, timeout=30) as api:
+        poll = send_raw(s.url, "POST", "/v1/queues/u/poll", json.dumps({"wait": 60}).encode())
+        wait_for(lambda: waiting_polls(api) == 1, "the long poll to wait")
+    refuse = sql.SQL("ALTER DATABASE restart ALLOW_CONNECTIONS {}")
+    with psycopg.connect(dsn.replace("dbname=restart", "dbname=postgres"), autocommit=True) as admin:
+        admin.execute(refuse.format(sql.Literal(False)))
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'restart'")
+        # the poll wakes at the due time; the server says so once its pool timed out
+        wait_for(
+            lambda: any("the database is unreachable" in line for line in log) or readable(poll),
+            "the long poll to find the database unreachable",
+        )
+        assert not readable(poll), "the long poll answered while the database refused connections"
+        admin.execute(refuse.format(sql.Literal(True)))
+    assert answer_status(poll) == 200, "the long poll delivered once the database took connections again"
+
+
+def lines_of(stream: Any) -> list[str]:
+    """The lines of stream so far, read by a thread of their own as they come."""
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in stream:
+            lines.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def readable(sock: socket.socket) -> bool:
+    """Whether sock has something to read (an answer, or the peer closed it), without reading it."""
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 def _restart_database(env: dict[str, str]) -> str:
