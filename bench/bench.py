@@ -468,9 +468,9 @@ def fmt(measure: str, value: float | None) -> str:
 # each way of calling pgdq, keyed and keyless, and what it is measured against
 RATIOS = (
     *(("pgdq", base) for base in ("raw SQL", "PGMQ", "pgdq before channels")),
-    *(("pgdq SQL", base) for base in ("raw SQL", "PGMQ", "pgdq before channels")),
+    *(("pgdq SQL", base) for base in ("raw SQL", "PGMQ", "pgdq before channels", "pgdq SQL by triggers")),
     *(("pgdq keyless", base) for base in ("raw SQL keyless", "PGMQ")),
-    *(("pgdq SQL keyless", base) for base in ("raw SQL keyless", "PGMQ")),
+    *(("pgdq SQL keyless", base) for base in ("raw SQL keyless", "PGMQ", "pgdq SQL keyless by triggers")),
 )
 
 

@@ -259,6 +259,16 @@ class PgdqBeforeChannels(PgdqOlderSql):
             conn.execute(plain_sql(BEFORE_CHANNELS.read_text(), "public").encode())
 
 
+COUNTED_BY_TRIGGERS = Path(__file__).resolve().parent / "baselines/pgdq-1.3-counted-by-triggers.sql"
+
+
+def install_counted_by_triggers(conninfo: str) -> None:
+    """pgdq 1.3 as it was before its hot statements counted their own rows
+    (a frozen copy of its SQL, every count by the triggers), into public."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(COUNTED_BY_TRIGGERS.read_text().encode())  # its own BEGIN and COMMIT
+
+
 class PgdqRouted(Pgdq):
     """pgdq through a pgdq.shard router (PL/Proxy) over `partitions` databases
     of the same cluster, through today's wrapper: the cost of the hop (W10)."""
@@ -344,6 +354,26 @@ class PgdqSqlKeyless(PgdqSql):
 
     async def offer_one(self, h: Any, key: str, payload: Any) -> None:
         await h.execute("SELECT dq_send(%s, %s)", (QUEUE, Jsonb(payload)))
+
+
+class PgdqSqlByTriggers(PgdqSql):
+    """As "pgdq SQL", on 1.3's SQL before its hot statements counted their
+    own rows (issue 39): what counting in the statement bought, in the same run."""
+
+    name = "pgdq SQL by triggers"
+
+    def setup(self, conninfo: str) -> None:
+        install_counted_by_triggers(conninfo)
+
+
+class PgdqSqlKeylessByTriggers(PgdqSqlKeyless):
+    """As "pgdq SQL keyless", on 1.3's SQL before its hot statements counted
+    their own rows."""
+
+    name = "pgdq SQL keyless by triggers"
+
+    def setup(self, conninfo: str) -> None:
+        install_counted_by_triggers(conninfo)
 
 
 # PGMQ's install script (tembo-io/pgmq 1.5.1, pgmq-extension/sql/pgmq.sql): not
@@ -564,6 +594,8 @@ SYSTEMS: dict[str, System] = {
         PgdqHistory(),
         PgdqSqlHistory(),
         PgdqBeforeChannels(),
+        PgdqSqlByTriggers(),
+        PgdqSqlKeylessByTriggers(),
         PgdqReleased(),
         Pgmq(),
         PgQueuer(),

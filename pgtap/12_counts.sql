@@ -4,7 +4,7 @@
 -- pinned before folded bins, a role without the right to read them and a
 -- role under row-level security read the messages instead.
 BEGIN;
-SELECT plan(47);
+SELECT plan(53);
 
 -- This file alters dq_messages (row-level security, a trigger, TRUNCATE)
 -- after writing to it. Its strongest lock, taken before any write, keeps
@@ -136,6 +136,55 @@ SELECT ok(pg_temp.counts_agree(), 'grouped messages of a queue without groups (w
 DELETE FROM dq_messages
 WHERE queue = 't_counts_f';
 
+-- The hot statements count their own rows and the triggers skip them
+-- (1.3): but not the acks of a queue keeping history, whose trigger records
+-- and counts them, nor writes nested in a counting statement (a user's
+-- trigger), which the triggers count.
+SELECT dq_retain('t_counts_h', '1 hour');
+SELECT count(*) FROM dq_send_many('t_counts_h', array_fill('1'::jsonb, ARRAY[5]));
+SELECT dq_ack(p.lock_token)
+FROM dq_poll_many('t_counts_h', 1) AS p;
+SELECT dq_ack_many(array(SELECT p.lock_token FROM dq_poll_many('t_counts_h', 2) AS p));
+SELECT ok(pg_temp.counts_agree(), 'acks of a queue keeping history');
+SELECT is(
+    (
+        SELECT count(*)::int FROM dq_history
+        WHERE queue = 't_counts_h' AND outcome = 'acked'
+    ),
+    3,
+    'and recorded'
+);
+CREATE FUNCTION pg_temp.copy_sent() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_trigger_depth() > 1 THEN  -- not its own insert
+        RETURN NULL;
+    END IF;
+    -- by schema: it runs under the search_path of pgdq's function
+    INSERT INTO public.dq_messages (queue, payload, scheduled_at, due_at, created_at)
+    SELECT 't_counts_g2', n.payload, n.scheduled_at, n.due_at + interval '1 day', n.created_at
+    FROM sent AS n
+    WHERE n.queue = 't_counts_g';
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER t_copy_sent AFTER INSERT ON dq_messages REFERENCING NEW TABLE AS sent
+FOR EACH STATEMENT EXECUTE FUNCTION pg_temp.copy_sent();
+SELECT dq_send('t_counts_g', '1');
+SELECT count(*) FROM dq_send_many('t_counts_g', array_fill('1'::jsonb, ARRAY[3]));
+SELECT is(
+    (
+        SELECT count(*)::int FROM dq_messages
+        WHERE queue = 't_counts_g2'
+    ),
+    4,
+    'a user''s trigger copied each message'
+);
+SELECT ok(pg_temp.counts_agree(), 'and its writes are counted');
+DROP TRIGGER t_copy_sent ON dq_messages;
+DELETE FROM dq_messages
+WHERE queue IN ('t_counts_g', 't_counts_g2', 't_counts_h');
+
 SELECT is(
     (SELECT array_agg(queue ORDER BY queue) FROM dq_stats()),
     ARRAY['t_counts', 't_counts_b', 't_counts_d'],
@@ -220,6 +269,11 @@ SELECT is(
 );
 SELECT is((SELECT count(*)::int FROM dq_counts), 0, 'and no count');
 RESET ROLE;
+GRANT INSERT ON dq_messages, dq_counts TO t_counts_reader;
+SET LOCAL ROLE t_counts_reader;
+SELECT lives_ok($$SELECT dq_send('t_counts_b', '1')$$, 'such a role sends, its count added (1.3)');
+RESET ROLE;
+SELECT ok(pg_temp.counts_agree(), 'and the counts agree');
 SELECT set_config('dq.now', '', TRUE);
 
 -- writes by others

@@ -37,6 +37,11 @@ CREATE TYPE @extschema@.dq_delivery_info AS (
 -- no longer calling this per bucket (10 s for 10,000 buckets).
 DROP FUNCTION @extschema@.dq__histogram_percentile(smallint[], bigint[], double precision);
 
+-- Whether an ack may have history to record is one probe (1.3,
+-- 10_storage.sql).
+CREATE INDEX dq_queues_retained ON @extschema@.dq_queues (queue)
+WHERE retain IS NOT NULL;
+
 -- Every function of 1.3.0, as sql/src defines it.
 -- The time dq.now pins the clock to (STRICT: never called when it is unset);
 -- 22023 unless it is a timestamp in the readable range (dq__valid_time).
@@ -95,12 +100,58 @@ AS $$
     SELECT pg_catalog.date_bin(@extschema@.dq__due_bin_width(), due_at, '2000-01-01 00:00+00');
 $$;
 
+-- Mark the next statement as counting its own rows, or with inserts_only
+-- only the rows it inserts (an upsert, whose updates the trigger counts):
+-- dq.counted holds the trigger depth (pg_trigger_depth()) of the one
+-- statement that does, followed by 'i' for inserts only, set just before
+-- it and cleared after (dq__counted_inline), and the count triggers skip a
+-- statement at that depth (their WHEN clauses, below), so that writes
+-- nested deeper (a user's trigger writing messages) are still counted by
+-- them. Local to the transaction: an error undoes it. The setting's new
+-- value (a SQL expression: it inlines into its callers).
+CREATE OR REPLACE FUNCTION dq__counting_inline(inserts_only boolean DEFAULT FALSE) RETURNS text
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT pg_catalog.set_config(
+        'dq.counted',
+        pg_catalog.pg_trigger_depth()::pg_catalog.text
+        OPERATOR(pg_catalog.||) CASE WHEN inserts_only THEN 'i' ELSE '' END,
+        TRUE
+    );
+$$;
+
+-- After the statement that counted its own rows: unmark it, and now and
+-- then fold the counts (dq__time_to_fold).
+CREATE OR REPLACE FUNCTION dq__counted_inline() RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    PERFORM pg_catalog.set_config('dq.counted', '', TRUE);
+    IF @extschema@.dq__time_to_fold() THEN
+        PERFORM @extschema@.dq__fold_counts();
+    END IF;
+END
+$$;
+
+-- Whether a writer should fold the counts now (dq__fold_counts): one
+-- statement in 4,096. A fold in REPEATABLE READ or SERIALIZABLE could fail
+-- on a row that a concurrent fold took: writers there never fold. (A SQL
+-- expression: it inlines into its callers.)
+CREATE OR REPLACE FUNCTION dq__time_to_fold() RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT pg_catalog.random() OPERATOR(pg_catalog.<) (1.0 OPERATOR(pg_catalog./) 4096)::pg_catalog.float8
+        AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed';
+$$;
+
 -- Sum the count rows this transaction can lock into one row per (queue, bin,
 -- leased); bins that ended more than 7 days ago become one '-infinity' bin
 -- per queue (dq_stats reads such bins as due). Never waits: rows another
--- transaction holds (a concurrent fold) are left for later.
+-- transaction holds (a concurrent fold) are left for later. As pgdq's owner
+-- (SECURITY DEFINER): writers may add counts but not take them; a fold
+-- leaves every sum as it was.
 CREATE OR REPLACE FUNCTION dq__fold_counts() RETURNS void
-LANGUAGE sql VOLATILE
+LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- No JIT: a fold runs inside the writer's statement, and so under its
 -- settings; the hot functions set enable_seqscan = off, which prices the
@@ -181,9 +232,7 @@ BEGIN
         CASE TG_OP WHEN 'DELETE' THEN -count(*) ELSE count(*) END
     FROM changed_rows AS r
     GROUP BY 1, 2, 3;
-    -- a fold in REPEATABLE READ or SERIALIZABLE could fail on a row that a
-    -- concurrent fold took: writers there never fold
-    IF random() < 1.0 / 4096 AND current_setting('transaction_isolation') = 'read committed' THEN
+    IF @extschema@.dq__time_to_fold() THEN
         PERFORM @extschema@.dq__fold_counts();
     END IF;
     IF TG_OP = 'DELETE' THEN
@@ -746,34 +795,47 @@ BEGIN
 
     -- ON CONFLICT makes concurrent offers of one key wait for each other
     -- instead of failing: one creates, the others update or ignore.
-    -- (Headers take no part in the decision: an update replaces them.)
-    INSERT INTO @extschema@.dq_messages AS m (
-        queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
+    -- (Headers take no part in the decision: an update replaces them.) A
+    -- created message is counted here, an updated one by the trigger
+    -- (12_counts.sql: only it knows the version the update replaced).
+    PERFORM @extschema@.dq__counting_inline(inserts_only => TRUE);
+    WITH offered AS (
+        INSERT INTO @extschema@.dq_messages AS m (
+            queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
+        )
+        VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now, v_channel, v_priority, dq_offer.headers)
+        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO UPDATE
+            SET payload = excluded.payload,
+                scheduled_at = excluded.scheduled_at,
+                due_at = excluded.due_at,
+                created_at = excluded.created_at,
+                attempts = 0,
+                state = NULL,
+                last_error = NULL,
+                lock_token = NULL,
+                channel = excluded.channel,
+                priority = excluded.priority,
+                headers = excluded.headers,
+                leased_at = NULL,
+                leased_due_at = NULL
+            WHERE dq_offer.can_update
+                AND m.channel = excluded.channel  -- a move to another channel: below
+                AND NOT @extschema@.dq__same_offer(
+                    m.payload, m.scheduled_at, m.channel, m.priority,
+                    excluded.payload, dq_offer.scheduled_at, excluded.channel, excluded.priority
+                )
+        RETURNING m.xmax = 0 AS created  -- xmax is 0 on a fresh insert
+    ),
+    counted AS (
+        INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+        SELECT dq_offer.queue, @extschema@.dq__due_bin(v_at), FALSE, 1
+        FROM offered AS o
+        WHERE o.created
     )
-    VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now, v_channel, v_priority, dq_offer.headers)
-    ON CONFLICT (queue, key) WHERE key IS NOT NULL DO UPDATE
-        SET payload = excluded.payload,
-            scheduled_at = excluded.scheduled_at,
-            due_at = excluded.due_at,
-            created_at = excluded.created_at,
-            attempts = 0,
-            state = NULL,
-            last_error = NULL,
-            lock_token = NULL,
-            channel = excluded.channel,
-            priority = excluded.priority,
-            headers = excluded.headers,
-            leased_at = NULL,
-            leased_due_at = NULL
-        WHERE dq_offer.can_update
-            AND m.channel = excluded.channel  -- a move to another channel: below
-            AND NOT @extschema@.dq__same_offer(
-                m.payload, m.scheduled_at, m.channel, m.priority,
-                excluded.payload, dq_offer.scheduled_at, excluded.channel, excluded.priority
-            )
-    RETURNING m.xmax = 0 INTO v_inserted;  -- xmax is 0 on a fresh insert
+    SELECT o.created INTO v_inserted FROM offered AS o;
+    PERFORM @extschema@.dq__counted_inline();
 
-    IF NOT FOUND THEN
+    IF v_inserted IS NULL THEN
         -- The message moves to another channel (the row is locked by now):
         -- dq_offer_many's replay also frees the slot it held in the old one.
         IF dq_offer.can_update AND EXISTS (
@@ -1045,17 +1107,27 @@ SET enable_seqscan = off
 SET jit = off  -- see 10_storage.sql
 AS $$
 BEGIN
-    INSERT INTO @extschema@.dq_messages (
-        queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
+    -- the messages and their counts in one statement (12_counts.sql)
+    PERFORM @extschema@.dq__counting_inline();
+    WITH offered AS (
+        INSERT INTO @extschema@.dq_messages AS m (
+            queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
+        )
+        SELECT
+            dq__offer_new.queue, e.k, e.p,
+            coalesce(e.s, now_at), coalesce(e.s, now_at), now_at,
+            coalesce(e.c, ''), coalesce(e.pr, 0), e.h
+        FROM unnest(keys, payloads, scheduled_ats, channels, priorities, headers) AS e (k, p, s, c, pr, h)
+        ORDER BY e.k COLLATE "C"
+        RETURNING m.due_at
     )
-    SELECT
-        dq__offer_new.queue, e.k, e.p,
-        coalesce(e.s, now_at), coalesce(e.s, now_at), now_at,
-        coalesce(e.c, ''), coalesce(e.pr, 0), e.h
-    FROM unnest(keys, payloads, scheduled_ats, channels, priorities, headers) AS e (k, p, s, c, pr, h)
-    ORDER BY e.k COLLATE "C";
+    INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+    SELECT dq__offer_new.queue, @extschema@.dq__due_bin(o.due_at), FALSE, count(*)
+    FROM offered AS o
+    GROUP BY 2;
+    PERFORM @extschema@.dq__counted_inline();
     RETURN TRUE;
-EXCEPTION WHEN unique_violation THEN  -- a key exists or repeats: undone
+EXCEPTION WHEN unique_violation THEN  -- a key exists or repeats: undone (the mark too)
     RETURN FALSE;
 END
 $$;
@@ -1416,11 +1488,21 @@ BEGIN
         PERFORM @extschema@.dq__check_channel(dq_send.channel, 'channel');
         PERFORM @extschema@.dq__check_headers(dq_send.headers, 'headers');
     END IF;
-    INSERT INTO @extschema@.dq_messages (
-        queue, payload, scheduled_at, due_at, created_at, channel, priority, headers
+    -- the message and its count in one statement (12_counts.sql)
+    PERFORM @extschema@.dq__counting_inline();
+    WITH sent AS (
+        INSERT INTO @extschema@.dq_messages (
+            queue, payload, scheduled_at, due_at, created_at, channel, priority, headers
+        )
+        VALUES (dq_send.queue, dq_send.payload, v_at, v_at, v_now, v_channel, v_priority, dq_send.headers)
+        RETURNING id
+    ),
+    counted AS (
+        INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+        VALUES (dq_send.queue, @extschema@.dq__due_bin(v_at), FALSE, 1)
     )
-    VALUES (dq_send.queue, dq_send.payload, v_at, v_at, v_now, v_channel, v_priority, dq_send.headers)
-    RETURNING id INTO v_id;
+    SELECT s.id INTO v_id FROM sent AS s;
+    PERFORM @extschema@.dq__counted_inline();
     IF v_channel = '' AND v_priority = 0 THEN
         PERFORM @extschema@.dq__wake_if_head(dq_send.queue, v_at);
     ELSE
@@ -1459,15 +1541,27 @@ BEGIN
     -- One insert, its rows in input order (a function scan feeding the
     -- insert, nothing between them that reorders): the identity gives them
     -- ascending ids, returned in that order.
+    -- The messages and their counts in one statement (12_counts.sql).
+    PERFORM @extschema@.dq__counting_inline();
     RETURN QUERY
-    INSERT INTO @extschema@.dq_messages AS m (
-        queue, payload, scheduled_at, due_at, created_at, channel, priority, headers
+    WITH sent AS (
+        INSERT INTO @extschema@.dq_messages AS m (
+            queue, payload, scheduled_at, due_at, created_at, channel, priority, headers
+        )
+        SELECT
+            dq_send_many.queue, e.p, coalesce(e.s, v_now), coalesce(e.s, v_now), v_now,
+            coalesce(e.c, ''), coalesce(e.pr, 0), e.h
+        FROM unnest(payloads, scheduled_ats, channels, priorities, headers) AS e (p, s, c, pr, h)
+        RETURNING m.id, m.due_at
+    ),
+    counted AS (
+        INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+        SELECT dq_send_many.queue, @extschema@.dq__due_bin(s.due_at), FALSE, count(*)
+        FROM sent AS s
+        GROUP BY 2
     )
-    SELECT
-        dq_send_many.queue, e.p, coalesce(e.s, v_now), coalesce(e.s, v_now), v_now,
-        coalesce(e.c, ''), coalesce(e.pr, 0), e.h
-    FROM unnest(payloads, scheduled_ats, channels, priorities, headers) AS e (p, s, c, pr, h)
-    RETURNING m.id;
+    SELECT s.id FROM sent AS s;
+    PERFORM @extschema@.dq__counted_inline();
     IF channels IS NULL AND priorities IS NULL THEN
         PERFORM @extschema@.dq__wake_if_head(dq_send_many.queue, CASE
             WHEN scheduled_ats IS NULL THEN v_now
@@ -1501,6 +1595,7 @@ DECLARE
     v_now timestamptz := @extschema@.dq_now();
     v_queue text := dq_poll_many.queue;
     v_rows tid[];            -- the picked rows to lease, locked by this poll
+    v_relet boolean[];       -- for each: whether it was leased before (expired)
     v_max_attempts integer;  -- dq_configure; NULL: no limit
     v_spent bigint[];        -- picked, but already delivered max_attempts times
     v_grouped boolean;       -- the queue has groups (42_groups.sql)
@@ -1542,10 +1637,13 @@ BEGIN
     -- every statement's plan on an index, generic or custom.
     SELECT
         coalesce(array_agg(p.row_at) FILTER (WHERE NOT p.spent), '{}'),
+        coalesce(array_agg(p.relet) FILTER (WHERE NOT p.spent), '{}'),
         coalesce(array_agg(p.id) FILTER (WHERE p.spent), '{}')
-    INTO v_rows, v_spent
+    INTO v_rows, v_relet, v_spent
     FROM (
-        SELECT m.ctid AS row_at, m.id, coalesce(m.attempts >= v_max_attempts, FALSE) AS spent
+        SELECT
+            m.ctid AS row_at, m.id, m.lock_token IS NOT NULL AS relet,
+            coalesce(m.attempts >= v_max_attempts, FALSE) AS spent
         FROM @extschema@.dq_messages AS m
         WHERE m.queue = v_queue AND m.channel = '' AND m.priority = 0 AND m.due_at <= v_now
         ORDER BY m.due_at, m.id
@@ -1566,6 +1664,10 @@ BEGIN
 
     -- The rows stay locked by this transaction, so their addresses (ctid)
     -- still find them: one heap fetch each instead of a primary key lookup.
+    -- The leases and their counts in one statement (12_counts.sql): each row
+    -- leaves its due time's bin (leased_due_at is its due time before) for
+    -- the lease end's, leased.
+    PERFORM @extschema@.dq__counting_inline();
     RETURN QUERY
     WITH leased AS (
         UPDATE @extschema@.dq_messages AS m
@@ -1574,12 +1676,24 @@ BEGIN
             due_at = v_now + lease,
             leased_at = v_now,
             leased_due_at = m.due_at
-        FROM unnest(v_rows) WITH ORDINALITY AS picked (row_at, pos)
+        FROM unnest(v_rows, v_relet) WITH ORDINALITY AS picked (row_at, relet, pos)
         WHERE m.ctid = picked.row_at
         RETURNING
-            picked.pos,
+            picked.pos, picked.relet, m.leased_due_at,
             m.id, m.queue, m.key, m.payload, m.state, m.scheduled_at,
             m.created_at, m.attempts, m.lock_token, m.due_at, m.headers
+    ),
+    counted AS (
+        INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+        SELECT v_queue, d.due_bin, d.leased, sum(d.n)
+        FROM leased AS l
+        CROSS JOIN LATERAL (
+            VALUES
+                (@extschema@.dq__due_bin(l.leased_due_at), l.relet, -1),
+                (@extschema@.dq__due_bin(l.due_at), TRUE, 1)
+        ) AS d (due_bin, leased, n)
+        GROUP BY d.due_bin, d.leased
+        HAVING sum(d.n) <> 0
     )
     SELECT
         l.id, l.queue::text, l.key::text, l.payload, l.state, l.scheduled_at,
@@ -1588,6 +1702,7 @@ BEGIN
         l.headers
     FROM leased AS l
     ORDER BY l.pos;
+    PERFORM @extschema@.dq__counted_inline();
 END
 $$;
 
@@ -1622,16 +1737,34 @@ DECLARE
     v_queue text;
     v_channel text;
     v_until timestamptz;
+    v_inline boolean;  -- counted here, not by the trigger (no history to record)
 BEGIN
     IF dq_ack.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_ack.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_ack.queue);
     END IF;
-    DELETE FROM @extschema@.dq_messages AS m
-    WHERE m.id = @extschema@.dq__token_id(dq_ack.lock_token)
-        AND m.lock_token = dq_ack.lock_token
-        AND (dq_ack.queue IS NULL OR m.queue = dq_ack.queue)
-    RETURNING m.queue, m.channel, m.due_at INTO v_queue, v_channel, v_until;
-    IF NOT FOUND THEN
+    v_inline := NOT @extschema@.dq__may_keep_history(dq_ack.queue);
+    IF v_inline THEN
+        PERFORM @extschema@.dq__counting_inline();
+    END IF;
+    WITH acked AS (
+        DELETE FROM @extschema@.dq_messages AS m
+        WHERE m.id = @extschema@.dq__token_id(dq_ack.lock_token)
+            AND m.lock_token = dq_ack.lock_token
+            AND (dq_ack.queue IS NULL OR m.queue = dq_ack.queue)
+        RETURNING m.queue, m.channel, m.due_at
+    ),
+    counted AS (  -- a leased message leaves its lease end's bin
+        INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+        SELECT a.queue, @extschema@.dq__due_bin(a.due_at), TRUE, -1
+        FROM acked AS a
+        WHERE v_inline
+    )
+    SELECT a.queue, a.channel, a.due_at INTO v_queue, v_channel, v_until
+    FROM acked AS a;
+    IF v_inline THEN
+        PERFORM @extschema@.dq__counted_inline();
+    END IF;
+    IF v_queue IS NULL THEN
         RETURN FALSE;
     END IF;
     IF v_channel <> '' AND v_until > v_now THEN  -- a channel's slot may be free
@@ -1692,10 +1825,12 @@ DECLARE
     v_queues text[];
     v_channels text[];
     v_dues timestamptz[];
+    v_inline boolean;  -- counted here, not by the trigger (no history to record)
 BEGIN
     IF dq_ack_many.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_ack_many.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_ack_many.queue);
     END IF;
+    v_inline := NOT @extschema@.dq__may_keep_history(dq_ack_many.queue);
     -- Rows are locked in (queue, key) order, the order dq_offer_many locks
     -- in, so a batch ack and a batch offer never deadlock (keyless messages,
     -- which no offer locks, last, by id).
@@ -1711,10 +1846,21 @@ BEGIN
     -- Locked by this transaction, the rows are still at those addresses
     -- (ctid): one heap fetch each instead of a second primary key lookup.
     -- (A separate statement: its snapshot sees the versions just locked.)
+    -- Leased messages leave their lease ends' bins (12_counts.sql).
+    IF v_inline THEN
+        PERFORM @extschema@.dq__counting_inline();
+    END IF;
     WITH deleted AS (
         DELETE FROM @extschema@.dq_messages AS m
         WHERE m.ctid = ANY (v_rows)
         RETURNING m.queue, m.channel, m.due_at
+    ),
+    counted AS (
+        INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+        SELECT d.queue, @extschema@.dq__due_bin(d.due_at), TRUE, -count(*)
+        FROM deleted AS d
+        WHERE v_inline
+        GROUP BY 1, 2
     )
 
     SELECT
@@ -1724,6 +1870,9 @@ BEGIN
         array_agg(d.due_at) FILTER (WHERE d.channel <> '')
     INTO v_deleted, v_queues, v_channels, v_dues
     FROM deleted AS d;
+    IF v_inline THEN
+        PERFORM @extschema@.dq__counted_inline();
+    END IF;
     IF v_queues IS NOT NULL THEN
         PERFORM @extschema@.dq__leases_ended(v_queues, v_channels, v_dues, v_now);
     END IF;
@@ -4875,6 +5024,26 @@ AS $$
     WHERE o.outcome OPERATOR(pg_catalog.=) ANY (ARRAY['acked', 'dead', 'cancelled', 'purged'])
 $$;
 
+-- Whether deleting messages of queue (NULL: of any queue) may have to be
+-- recorded: it keeps history, or (NULL) some queue does. The acks count
+-- their own deletes only when not (12_counts.sql): the trigger that records
+-- also counts. As pgdq's owner (SECURITY DEFINER), so that it sees every
+-- queue's setting whatever the caller may read of dq_queues.
+CREATE OR REPLACE FUNCTION dq__may_keep_history(queue text) RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF dq__may_keep_history.queue IS NULL THEN
+        RETURN EXISTS (SELECT FROM @extschema@.dq_queues AS q WHERE q.retain IS NOT NULL);
+    END IF;
+    RETURN EXISTS (
+        SELECT FROM @extschema@.dq_queues AS q
+        WHERE q.queue = dq__may_keep_history.queue AND q.retain IS NOT NULL
+    );
+END
+$$;
+
 -- Queue's messages in a condition (which: 'running', a lease that still
 -- runs, oldest delivery first; 'retrying', tried before (attempts > 0: a
 -- nack, or a lease that ended unacked) and not leased now, earliest retry
@@ -5805,6 +5974,63 @@ BEGIN
                 'REVOKE CREATE ON SCHEMA %I FROM PUBLIC, or install pgdq into a schema of its own.', schema
             );
     END IF;
+END
+$$;
+
+-- The hot statements count their own rows (12_counts.sql): the count
+-- triggers skip a statement marked so (dq__counting_inline),
+-- atomically with the statements that begin to mark themselves.
+DROP TRIGGER dq_count_inserted ON @extschema@.dq_messages;
+DROP TRIGGER dq_count_deleted ON @extschema@.dq_messages;
+DROP TRIGGER dq_count_updated ON @extschema@.dq_messages;
+CREATE TRIGGER dq_count_inserted AFTER INSERT ON @extschema@.dq_messages
+REFERENCING NEW TABLE AS changed_rows
+FOR EACH STATEMENT
+WHEN (
+    pg_catalog.rtrim(pg_catalog.current_setting('dq.counted', TRUE), 'i')
+    IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
+) EXECUTE FUNCTION @extschema@.dq__count_rows();
+CREATE TRIGGER dq_count_deleted AFTER DELETE ON @extschema@.dq_messages
+REFERENCING OLD TABLE AS changed_rows
+FOR EACH STATEMENT
+WHEN (
+    pg_catalog.current_setting('dq.counted', TRUE)
+    IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
+) EXECUTE FUNCTION @extschema@.dq__count_rows();
+CREATE TRIGGER dq_count_updated AFTER UPDATE ON @extschema@.dq_messages
+REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+FOR EACH STATEMENT
+WHEN (
+    pg_catalog.current_setting('dq.counted', TRUE)
+    IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
+) EXECUTE FUNCTION @extschema@.dq__count_updated();
+
+-- Whoever writes messages adds their counts (12_counts.sql): a role under
+-- row-level security too, and every role granted a write on dq_messages
+-- gets INSERT on dq_counts, as docs/install.md's grants now give it.
+CREATE POLICY dq_counts_added ON @extschema@.dq_counts FOR INSERT
+WITH CHECK (TRUE);
+DO $$
+DECLARE
+    v_grantee oid;
+BEGIN
+    FOR v_grantee IN
+        SELECT DISTINCT a.grantee
+        FROM pg_catalog.pg_class AS c
+        CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) AS a
+        WHERE c.oid OPERATOR(pg_catalog.=) '@extschema@.dq_messages'::pg_catalog.regclass
+            AND a.privilege_type OPERATOR(pg_catalog.=) ANY (ARRAY['INSERT', 'UPDATE', 'DELETE'])
+            AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+    LOOP
+        IF v_grantee OPERATOR(pg_catalog.=) 0 THEN
+            GRANT INSERT ON @extschema@.dq_counts TO PUBLIC;
+        ELSE
+            EXECUTE pg_catalog.format(
+                'GRANT INSERT ON @extschema@.dq_counts TO %I',
+                (SELECT r.rolname FROM pg_catalog.pg_roles AS r WHERE r.oid OPERATOR(pg_catalog.=) v_grantee)
+            );
+        END IF;
+    END LOOP;
 END
 $$;
 

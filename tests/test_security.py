@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import DB, ROOT, dsn, install_extension, recreate_database
+from conftest import DB, ROOT, assert_counts_agree, dsn, install_extension, recreate_database
 from pgdq import AsyncDelivery, Queue, Worker
 from psycopg import sql
 from test_worker import running
@@ -536,6 +536,17 @@ def test_an_upgrade_from_1_0_0_keeps_the_policies(roles: None) -> None:
         assert rows(t, "SELECT queue FROM dq_groups WHERE NOT starts_with(queue, 'payroll/')") == []
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             t.execute("SELECT dq_channel_set('billing/q', 'mine', 1)")
+        # 1.3's hot statements add their own counts: the step granted INSERT
+        # on dq_counts to every role that may write messages, and the
+        # tenant's sends, leases and acks are counted
+        assert value(t, "SELECT has_table_privilege('dq_counts', 'INSERT')") is True
+        t.execute("SELECT count(*) FROM dq_send_many('payroll/plain', '{1,2,3}')")
+        t.execute("SELECT dq_offer('payroll/plain', 'k', '1')")
+        tokens = [row[0] for row in rows(t, "SELECT lock_token FROM dq_poll_many('payroll/plain', 2)")]
+        assert value(t, "SELECT dq_ack(%s)", tokens[0]) is True
+        assert value(t, "SELECT dq_ack_many(%s)", tokens[1:]) == 1
+    with connect(dsn(UPGRADE_DB)) as admin:
+        assert_counts_agree(admin, "payroll/plain")
 
 
 # -- Wake-ups: LISTEN and NOTIFY take no privilege -------------------------------------

@@ -49,12 +49,13 @@ TABLES = {
     "dq_history_deltas": Grants(producer="", consumer="SELECT"),
     "dq_history_tallies": Grants(producer="", consumer="SELECT"),
 }
-# The tables pgdq keeps itself, through triggers that run as its owner
-# (sql/src/12_counts.sql): granted and dropped like TABLES, but not
+# The tables pgdq keeps itself, through triggers that run as its owner and
+# (1.3) the hot statements of whoever writes messages, which add their own
+# counts (sql/src/12_counts.sql): granted and dropped like TABLES, but not
 # registered with pg_dump in an extension install, where restoring the
 # messages (COPY fires the triggers) counts them again.
 KEPT_TABLES = {
-    "dq_counts": Grants(producer="SELECT", consumer="SELECT"),
+    "dq_counts": Grants(producer="SELECT, INSERT", consumer="SELECT, INSERT"),
 }
 # pgdq's sequences (dq_messages' identity, and the turns of channels), whose
 # position pg_dump must keep: restored ids and turns must not be handed out again.

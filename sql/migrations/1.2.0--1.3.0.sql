@@ -34,7 +34,69 @@ CREATE TYPE @extschema@.dq_delivery_info AS (
 -- no longer calling this per bucket (10 s for 10,000 buckets).
 DROP FUNCTION @extschema@.dq__histogram_percentile(smallint[], bigint[], double precision);
 
+-- Whether an ack may have history to record is one probe (1.3,
+-- 10_storage.sql).
+CREATE INDEX dq_queues_retained ON @extschema@.dq_queues (queue)
+WHERE retain IS NOT NULL;
+
 -- @functions
+
+-- The hot statements count their own rows (12_counts.sql): the count
+-- triggers skip a statement marked so (dq__counting_inline),
+-- atomically with the statements that begin to mark themselves.
+DROP TRIGGER dq_count_inserted ON @extschema@.dq_messages;
+DROP TRIGGER dq_count_deleted ON @extschema@.dq_messages;
+DROP TRIGGER dq_count_updated ON @extschema@.dq_messages;
+CREATE TRIGGER dq_count_inserted AFTER INSERT ON @extschema@.dq_messages
+REFERENCING NEW TABLE AS changed_rows
+FOR EACH STATEMENT
+WHEN (
+    pg_catalog.rtrim(pg_catalog.current_setting('dq.counted', TRUE), 'i')
+    IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
+) EXECUTE FUNCTION @extschema@.dq__count_rows();
+CREATE TRIGGER dq_count_deleted AFTER DELETE ON @extschema@.dq_messages
+REFERENCING OLD TABLE AS changed_rows
+FOR EACH STATEMENT
+WHEN (
+    pg_catalog.current_setting('dq.counted', TRUE)
+    IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
+) EXECUTE FUNCTION @extschema@.dq__count_rows();
+CREATE TRIGGER dq_count_updated AFTER UPDATE ON @extschema@.dq_messages
+REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+FOR EACH STATEMENT
+WHEN (
+    pg_catalog.current_setting('dq.counted', TRUE)
+    IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
+) EXECUTE FUNCTION @extschema@.dq__count_updated();
+
+-- Whoever writes messages adds their counts (12_counts.sql): a role under
+-- row-level security too, and every role granted a write on dq_messages
+-- gets INSERT on dq_counts, as docs/install.md's grants now give it.
+CREATE POLICY dq_counts_added ON @extschema@.dq_counts FOR INSERT
+WITH CHECK (TRUE);
+DO $$
+DECLARE
+    v_grantee oid;
+BEGIN
+    FOR v_grantee IN
+        SELECT DISTINCT a.grantee
+        FROM pg_catalog.pg_class AS c
+        CROSS JOIN LATERAL pg_catalog.aclexplode(c.relacl) AS a
+        WHERE c.oid OPERATOR(pg_catalog.=) '@extschema@.dq_messages'::pg_catalog.regclass
+            AND a.privilege_type OPERATOR(pg_catalog.=) ANY (ARRAY['INSERT', 'UPDATE', 'DELETE'])
+            AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+    LOOP
+        IF v_grantee OPERATOR(pg_catalog.=) 0 THEN
+            GRANT INSERT ON @extschema@.dq_counts TO PUBLIC;
+        ELSE
+            EXECUTE pg_catalog.format(
+                'GRANT INSERT ON @extschema@.dq_counts TO %I',
+                (SELECT r.rolname FROM pg_catalog.pg_roles AS r WHERE r.oid OPERATOR(pg_catalog.=) v_grantee)
+            );
+        END IF;
+    END LOOP;
+END
+$$;
 
 -- Warn when every role may create objects in pgdq's schema (docs/security.md).
 SELECT @extschema@.dq__warn_if_open_schema(pg_catalog.current_schema());

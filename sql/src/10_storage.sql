@@ -194,6 +194,12 @@ CREATE TABLE dq_queues (
     history_from timestamptz
 );
 
+-- The queues keeping history (1.3): whether an ack may have records to
+-- write is one probe (57_history.sql, dq__may_keep_history), however many
+-- queues have settings.
+CREATE INDEX dq_queues_retained ON dq_queues (queue)
+WHERE retain IS NOT NULL;
+
 COMMENT ON TABLE dq_queues IS
 'pgdq per-queue settings. Use dq_configure; the layout is internal and may change.';
 

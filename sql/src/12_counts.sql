@@ -15,9 +15,13 @@
 -- microsecond per statement at this rate.
 --
 -- The counts are exact at any snapshot: a delta commits or rolls back with
--- the statement that wrote it. Triggers write them (12_counts.sql is the one
--- place), so every path that writes messages counts, pgdq's functions and
--- any other. A due bin is 10 minutes of due_at (dq__due_bin): the overview
+-- the statement that wrote it. Triggers write them, so every path that
+-- writes messages counts, pgdq's functions and any other; since 1.3 the
+-- statements of the hot paths (send, offers of new keys, the plain lease,
+-- acks of queues without history) write their own deltas in the same
+-- statement instead, and mark themselves so that the triggers skip them
+-- (dq__counting_inline): the triggers had cost a sixth of a single send.
+-- A due bin is 10 minutes of due_at (dq__due_bin): the overview
 -- sums whole bins and counts only the current bin's messages still ahead of
 -- now in the poll indexes (50_manage.sql).
 CREATE TABLE dq_counts (
@@ -54,12 +58,58 @@ AS $$
     SELECT pg_catalog.date_bin(@extschema@.dq__due_bin_width(), due_at, '2000-01-01 00:00+00');
 $$;
 
+-- Mark the next statement as counting its own rows, or with inserts_only
+-- only the rows it inserts (an upsert, whose updates the trigger counts):
+-- dq.counted holds the trigger depth (pg_trigger_depth()) of the one
+-- statement that does, followed by 'i' for inserts only, set just before
+-- it and cleared after (dq__counted_inline), and the count triggers skip a
+-- statement at that depth (their WHEN clauses, below), so that writes
+-- nested deeper (a user's trigger writing messages) are still counted by
+-- them. Local to the transaction: an error undoes it. The setting's new
+-- value (a SQL expression: it inlines into its callers).
+CREATE FUNCTION dq__counting_inline(inserts_only boolean DEFAULT FALSE) RETURNS text
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT pg_catalog.set_config(
+        'dq.counted',
+        pg_catalog.pg_trigger_depth()::pg_catalog.text
+        OPERATOR(pg_catalog.||) CASE WHEN inserts_only THEN 'i' ELSE '' END,
+        TRUE
+    );
+$$;
+
+-- After the statement that counted its own rows: unmark it, and now and
+-- then fold the counts (dq__time_to_fold).
+CREATE FUNCTION dq__counted_inline() RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    PERFORM pg_catalog.set_config('dq.counted', '', TRUE);
+    IF @extschema@.dq__time_to_fold() THEN
+        PERFORM @extschema@.dq__fold_counts();
+    END IF;
+END
+$$;
+
+-- Whether a writer should fold the counts now (dq__fold_counts): one
+-- statement in 4,096. A fold in REPEATABLE READ or SERIALIZABLE could fail
+-- on a row that a concurrent fold took: writers there never fold. (A SQL
+-- expression: it inlines into its callers.)
+CREATE FUNCTION dq__time_to_fold() RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT pg_catalog.random() OPERATOR(pg_catalog.<) (1.0 OPERATOR(pg_catalog./) 4096)::pg_catalog.float8
+        AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed';
+$$;
+
 -- Sum the count rows this transaction can lock into one row per (queue, bin,
 -- leased); bins that ended more than 7 days ago become one '-infinity' bin
 -- per queue (dq_stats reads such bins as due). Never waits: rows another
--- transaction holds (a concurrent fold) are left for later.
+-- transaction holds (a concurrent fold) are left for later. As pgdq's owner
+-- (SECURITY DEFINER): writers may add counts but not take them; a fold
+-- leaves every sum as it was.
 CREATE FUNCTION dq__fold_counts() RETURNS void
-LANGUAGE sql VOLATILE
+LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 -- No JIT: a fold runs inside the writer's statement, and so under its
 -- settings; the hot functions set enable_seqscan = off, which prices the
@@ -98,10 +148,18 @@ ALTER TABLE dq_counts ENABLE ROW LEVEL SECURITY;
 CREATE POLICY dq_counts_unless_isolated ON dq_counts
 USING ((SELECT NOT pg_catalog.row_security_active('@extschema@.dq_messages'::regclass)));
 
--- The trigger functions run as pgdq's owner (SECURITY DEFINER, the only
--- ones: pgtap/00_install.sql), so that a role that may write messages needs
--- no right on dq_counts and no caller can write counts of its own. They
--- take no argument, and count only when called as pgdq's own count triggers
+-- Who adds counts (1.3): the roles that may write messages (INSERT, the
+-- README's roles), whose hot statements count their own rows, isolated or
+-- not. Such a role could add counts of its own, or mark its own direct
+-- writes as counted (dq.counted): it would skew the overview it may already
+-- empty by deleting the messages; pgdq's functions never do (docs/security.md).
+CREATE POLICY dq_counts_added ON dq_counts FOR INSERT
+WITH CHECK (TRUE);
+
+-- The trigger functions run as pgdq's owner (SECURITY DEFINER, with the
+-- fold and dq__may_keep_history the only ones: pgtap/00_install.sql), so
+-- that every other write to dq_messages is counted, by any role. They take
+-- no argument, and count only when called as pgdq's own count triggers
 -- (dq__is_count_trigger).
 
 -- Whether a trigger call is one of pgdq's own count triggers: AFTER, FOR
@@ -154,9 +212,7 @@ BEGIN
         CASE TG_OP WHEN 'DELETE' THEN -count(*) ELSE count(*) END
     FROM changed_rows AS r
     GROUP BY 1, 2, 3;
-    -- a fold in REPEATABLE READ or SERIALIZABLE could fail on a row that a
-    -- concurrent fold took: writers there never fold
-    IF random() < 1.0 / 4096 AND current_setting('transaction_isolation') = 'read committed' THEN
+    IF @extschema@.dq__time_to_fold() THEN
         PERFORM @extschema@.dq__fold_counts();
     END IF;
     IF TG_OP = 'DELETE' THEN
@@ -273,17 +329,36 @@ BEGIN
 END
 $$;
 
+-- The WHEN clauses skip the statements that counted their own rows
+-- (dq__counting_inline): built-in functions only, since a trigger's WHEN is
+-- prepared anew for every statement (a SQL function's body would be parsed
+-- each time: a tenth of a single send).
 CREATE TRIGGER dq_count_inserted AFTER INSERT ON dq_messages
 REFERENCING NEW TABLE AS changed_rows
-FOR EACH STATEMENT EXECUTE FUNCTION dq__count_rows();
+FOR EACH STATEMENT
+WHEN (
+    pg_catalog.rtrim(pg_catalog.current_setting('dq.counted', TRUE), 'i')
+    IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
+)
+EXECUTE FUNCTION dq__count_rows();
 
 CREATE TRIGGER dq_count_deleted AFTER DELETE ON dq_messages
 REFERENCING OLD TABLE AS changed_rows
-FOR EACH STATEMENT EXECUTE FUNCTION dq__count_rows();
+FOR EACH STATEMENT
+WHEN (
+    pg_catalog.current_setting('dq.counted', TRUE)
+    IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
+)
+EXECUTE FUNCTION dq__count_rows();
 
 CREATE TRIGGER dq_count_updated AFTER UPDATE ON dq_messages
 REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-FOR EACH STATEMENT EXECUTE FUNCTION dq__count_updated();
+FOR EACH STATEMENT
+WHEN (
+    pg_catalog.current_setting('dq.counted', TRUE)
+    IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
+)
+EXECUTE FUNCTION dq__count_updated();
 
 CREATE TRIGGER dq_count_truncated AFTER TRUNCATE ON dq_messages
 FOR EACH STATEMENT EXECUTE FUNCTION dq__count_truncated();

@@ -95,34 +95,47 @@ BEGIN
 
     -- ON CONFLICT makes concurrent offers of one key wait for each other
     -- instead of failing: one creates, the others update or ignore.
-    -- (Headers take no part in the decision: an update replaces them.)
-    INSERT INTO @extschema@.dq_messages AS m (
-        queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
+    -- (Headers take no part in the decision: an update replaces them.) A
+    -- created message is counted here, an updated one by the trigger
+    -- (12_counts.sql: only it knows the version the update replaced).
+    PERFORM @extschema@.dq__counting_inline(inserts_only => TRUE);
+    WITH offered AS (
+        INSERT INTO @extschema@.dq_messages AS m (
+            queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
+        )
+        VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now, v_channel, v_priority, dq_offer.headers)
+        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO UPDATE
+            SET payload = excluded.payload,
+                scheduled_at = excluded.scheduled_at,
+                due_at = excluded.due_at,
+                created_at = excluded.created_at,
+                attempts = 0,
+                state = NULL,
+                last_error = NULL,
+                lock_token = NULL,
+                channel = excluded.channel,
+                priority = excluded.priority,
+                headers = excluded.headers,
+                leased_at = NULL,
+                leased_due_at = NULL
+            WHERE dq_offer.can_update
+                AND m.channel = excluded.channel  -- a move to another channel: below
+                AND NOT @extschema@.dq__same_offer(
+                    m.payload, m.scheduled_at, m.channel, m.priority,
+                    excluded.payload, dq_offer.scheduled_at, excluded.channel, excluded.priority
+                )
+        RETURNING m.xmax = 0 AS created  -- xmax is 0 on a fresh insert
+    ),
+    counted AS (
+        INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+        SELECT dq_offer.queue, @extschema@.dq__due_bin(v_at), FALSE, 1
+        FROM offered AS o
+        WHERE o.created
     )
-    VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now, v_channel, v_priority, dq_offer.headers)
-    ON CONFLICT (queue, key) WHERE key IS NOT NULL DO UPDATE
-        SET payload = excluded.payload,
-            scheduled_at = excluded.scheduled_at,
-            due_at = excluded.due_at,
-            created_at = excluded.created_at,
-            attempts = 0,
-            state = NULL,
-            last_error = NULL,
-            lock_token = NULL,
-            channel = excluded.channel,
-            priority = excluded.priority,
-            headers = excluded.headers,
-            leased_at = NULL,
-            leased_due_at = NULL
-        WHERE dq_offer.can_update
-            AND m.channel = excluded.channel  -- a move to another channel: below
-            AND NOT @extschema@.dq__same_offer(
-                m.payload, m.scheduled_at, m.channel, m.priority,
-                excluded.payload, dq_offer.scheduled_at, excluded.channel, excluded.priority
-            )
-    RETURNING m.xmax = 0 INTO v_inserted;  -- xmax is 0 on a fresh insert
+    SELECT o.created INTO v_inserted FROM offered AS o;
+    PERFORM @extschema@.dq__counted_inline();
 
-    IF NOT FOUND THEN
+    IF v_inserted IS NULL THEN
         -- The message moves to another channel (the row is locked by now):
         -- dq_offer_many's replay also frees the slot it held in the old one.
         IF dq_offer.can_update AND EXISTS (
@@ -394,17 +407,27 @@ SET enable_seqscan = off
 SET jit = off  -- see 10_storage.sql
 AS $$
 BEGIN
-    INSERT INTO @extschema@.dq_messages (
-        queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
+    -- the messages and their counts in one statement (12_counts.sql)
+    PERFORM @extschema@.dq__counting_inline();
+    WITH offered AS (
+        INSERT INTO @extschema@.dq_messages AS m (
+            queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
+        )
+        SELECT
+            dq__offer_new.queue, e.k, e.p,
+            coalesce(e.s, now_at), coalesce(e.s, now_at), now_at,
+            coalesce(e.c, ''), coalesce(e.pr, 0), e.h
+        FROM unnest(keys, payloads, scheduled_ats, channels, priorities, headers) AS e (k, p, s, c, pr, h)
+        ORDER BY e.k COLLATE "C"
+        RETURNING m.due_at
     )
-    SELECT
-        dq__offer_new.queue, e.k, e.p,
-        coalesce(e.s, now_at), coalesce(e.s, now_at), now_at,
-        coalesce(e.c, ''), coalesce(e.pr, 0), e.h
-    FROM unnest(keys, payloads, scheduled_ats, channels, priorities, headers) AS e (k, p, s, c, pr, h)
-    ORDER BY e.k COLLATE "C";
+    INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+    SELECT dq__offer_new.queue, @extschema@.dq__due_bin(o.due_at), FALSE, count(*)
+    FROM offered AS o
+    GROUP BY 2;
+    PERFORM @extschema@.dq__counted_inline();
     RETURN TRUE;
-EXCEPTION WHEN unique_violation THEN  -- a key exists or repeats: undone
+EXCEPTION WHEN unique_violation THEN  -- a key exists or repeats: undone (the mark too)
     RETURN FALSE;
 END
 $$;

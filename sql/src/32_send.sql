@@ -118,11 +118,21 @@ BEGIN
         PERFORM @extschema@.dq__check_channel(dq_send.channel, 'channel');
         PERFORM @extschema@.dq__check_headers(dq_send.headers, 'headers');
     END IF;
-    INSERT INTO @extschema@.dq_messages (
-        queue, payload, scheduled_at, due_at, created_at, channel, priority, headers
+    -- the message and its count in one statement (12_counts.sql)
+    PERFORM @extschema@.dq__counting_inline();
+    WITH sent AS (
+        INSERT INTO @extschema@.dq_messages (
+            queue, payload, scheduled_at, due_at, created_at, channel, priority, headers
+        )
+        VALUES (dq_send.queue, dq_send.payload, v_at, v_at, v_now, v_channel, v_priority, dq_send.headers)
+        RETURNING id
+    ),
+    counted AS (
+        INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+        VALUES (dq_send.queue, @extschema@.dq__due_bin(v_at), FALSE, 1)
     )
-    VALUES (dq_send.queue, dq_send.payload, v_at, v_at, v_now, v_channel, v_priority, dq_send.headers)
-    RETURNING id INTO v_id;
+    SELECT s.id INTO v_id FROM sent AS s;
+    PERFORM @extschema@.dq__counted_inline();
     IF v_channel = '' AND v_priority = 0 THEN
         PERFORM @extschema@.dq__wake_if_head(dq_send.queue, v_at);
     ELSE
@@ -161,15 +171,27 @@ BEGIN
     -- One insert, its rows in input order (a function scan feeding the
     -- insert, nothing between them that reorders): the identity gives them
     -- ascending ids, returned in that order.
+    -- The messages and their counts in one statement (12_counts.sql).
+    PERFORM @extschema@.dq__counting_inline();
     RETURN QUERY
-    INSERT INTO @extschema@.dq_messages AS m (
-        queue, payload, scheduled_at, due_at, created_at, channel, priority, headers
+    WITH sent AS (
+        INSERT INTO @extschema@.dq_messages AS m (
+            queue, payload, scheduled_at, due_at, created_at, channel, priority, headers
+        )
+        SELECT
+            dq_send_many.queue, e.p, coalesce(e.s, v_now), coalesce(e.s, v_now), v_now,
+            coalesce(e.c, ''), coalesce(e.pr, 0), e.h
+        FROM unnest(payloads, scheduled_ats, channels, priorities, headers) AS e (p, s, c, pr, h)
+        RETURNING m.id, m.due_at
+    ),
+    counted AS (
+        INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+        SELECT dq_send_many.queue, @extschema@.dq__due_bin(s.due_at), FALSE, count(*)
+        FROM sent AS s
+        GROUP BY 2
     )
-    SELECT
-        dq_send_many.queue, e.p, coalesce(e.s, v_now), coalesce(e.s, v_now), v_now,
-        coalesce(e.c, ''), coalesce(e.pr, 0), e.h
-    FROM unnest(payloads, scheduled_ats, channels, priorities, headers) AS e (p, s, c, pr, h)
-    RETURNING m.id;
+    SELECT s.id FROM sent AS s;
+    PERFORM @extschema@.dq__counted_inline();
     IF channels IS NULL AND priorities IS NULL THEN
         PERFORM @extschema@.dq__wake_if_head(dq_send_many.queue, CASE
             WHEN scheduled_ats IS NULL THEN v_now

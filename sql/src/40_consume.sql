@@ -18,6 +18,7 @@ DECLARE
     v_now timestamptz := @extschema@.dq_now();
     v_queue text := dq_poll_many.queue;
     v_rows tid[];            -- the picked rows to lease, locked by this poll
+    v_relet boolean[];       -- for each: whether it was leased before (expired)
     v_max_attempts integer;  -- dq_configure; NULL: no limit
     v_spent bigint[];        -- picked, but already delivered max_attempts times
     v_grouped boolean;       -- the queue has groups (42_groups.sql)
@@ -59,10 +60,13 @@ BEGIN
     -- every statement's plan on an index, generic or custom.
     SELECT
         coalesce(array_agg(p.row_at) FILTER (WHERE NOT p.spent), '{}'),
+        coalesce(array_agg(p.relet) FILTER (WHERE NOT p.spent), '{}'),
         coalesce(array_agg(p.id) FILTER (WHERE p.spent), '{}')
-    INTO v_rows, v_spent
+    INTO v_rows, v_relet, v_spent
     FROM (
-        SELECT m.ctid AS row_at, m.id, coalesce(m.attempts >= v_max_attempts, FALSE) AS spent
+        SELECT
+            m.ctid AS row_at, m.id, m.lock_token IS NOT NULL AS relet,
+            coalesce(m.attempts >= v_max_attempts, FALSE) AS spent
         FROM @extschema@.dq_messages AS m
         WHERE m.queue = v_queue AND m.channel = '' AND m.priority = 0 AND m.due_at <= v_now
         ORDER BY m.due_at, m.id
@@ -83,6 +87,10 @@ BEGIN
 
     -- The rows stay locked by this transaction, so their addresses (ctid)
     -- still find them: one heap fetch each instead of a primary key lookup.
+    -- The leases and their counts in one statement (12_counts.sql): each row
+    -- leaves its due time's bin (leased_due_at is its due time before) for
+    -- the lease end's, leased.
+    PERFORM @extschema@.dq__counting_inline();
     RETURN QUERY
     WITH leased AS (
         UPDATE @extschema@.dq_messages AS m
@@ -91,12 +99,24 @@ BEGIN
             due_at = v_now + lease,
             leased_at = v_now,
             leased_due_at = m.due_at
-        FROM unnest(v_rows) WITH ORDINALITY AS picked (row_at, pos)
+        FROM unnest(v_rows, v_relet) WITH ORDINALITY AS picked (row_at, relet, pos)
         WHERE m.ctid = picked.row_at
         RETURNING
-            picked.pos,
+            picked.pos, picked.relet, m.leased_due_at,
             m.id, m.queue, m.key, m.payload, m.state, m.scheduled_at,
             m.created_at, m.attempts, m.lock_token, m.due_at, m.headers
+    ),
+    counted AS (
+        INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+        SELECT v_queue, d.due_bin, d.leased, sum(d.n)
+        FROM leased AS l
+        CROSS JOIN LATERAL (
+            VALUES
+                (@extschema@.dq__due_bin(l.leased_due_at), l.relet, -1),
+                (@extschema@.dq__due_bin(l.due_at), TRUE, 1)
+        ) AS d (due_bin, leased, n)
+        GROUP BY d.due_bin, d.leased
+        HAVING sum(d.n) <> 0
     )
     SELECT
         l.id, l.queue::text, l.key::text, l.payload, l.state, l.scheduled_at,
@@ -105,6 +125,7 @@ BEGIN
         l.headers
     FROM leased AS l
     ORDER BY l.pos;
+    PERFORM @extschema@.dq__counted_inline();
 END
 $$;
 
@@ -139,16 +160,34 @@ DECLARE
     v_queue text;
     v_channel text;
     v_until timestamptz;
+    v_inline boolean;  -- counted here, not by the trigger (no history to record)
 BEGIN
     IF dq_ack.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_ack.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_ack.queue);
     END IF;
-    DELETE FROM @extschema@.dq_messages AS m
-    WHERE m.id = @extschema@.dq__token_id(dq_ack.lock_token)
-        AND m.lock_token = dq_ack.lock_token
-        AND (dq_ack.queue IS NULL OR m.queue = dq_ack.queue)
-    RETURNING m.queue, m.channel, m.due_at INTO v_queue, v_channel, v_until;
-    IF NOT FOUND THEN
+    v_inline := NOT @extschema@.dq__may_keep_history(dq_ack.queue);
+    IF v_inline THEN
+        PERFORM @extschema@.dq__counting_inline();
+    END IF;
+    WITH acked AS (
+        DELETE FROM @extschema@.dq_messages AS m
+        WHERE m.id = @extschema@.dq__token_id(dq_ack.lock_token)
+            AND m.lock_token = dq_ack.lock_token
+            AND (dq_ack.queue IS NULL OR m.queue = dq_ack.queue)
+        RETURNING m.queue, m.channel, m.due_at
+    ),
+    counted AS (  -- a leased message leaves its lease end's bin
+        INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+        SELECT a.queue, @extschema@.dq__due_bin(a.due_at), TRUE, -1
+        FROM acked AS a
+        WHERE v_inline
+    )
+    SELECT a.queue, a.channel, a.due_at INTO v_queue, v_channel, v_until
+    FROM acked AS a;
+    IF v_inline THEN
+        PERFORM @extschema@.dq__counted_inline();
+    END IF;
+    IF v_queue IS NULL THEN
         RETURN FALSE;
     END IF;
     IF v_channel <> '' AND v_until > v_now THEN  -- a channel's slot may be free
@@ -209,10 +248,12 @@ DECLARE
     v_queues text[];
     v_channels text[];
     v_dues timestamptz[];
+    v_inline boolean;  -- counted here, not by the trigger (no history to record)
 BEGIN
     IF dq_ack_many.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_ack_many.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_ack_many.queue);
     END IF;
+    v_inline := NOT @extschema@.dq__may_keep_history(dq_ack_many.queue);
     -- Rows are locked in (queue, key) order, the order dq_offer_many locks
     -- in, so a batch ack and a batch offer never deadlock (keyless messages,
     -- which no offer locks, last, by id).
@@ -228,10 +269,21 @@ BEGIN
     -- Locked by this transaction, the rows are still at those addresses
     -- (ctid): one heap fetch each instead of a second primary key lookup.
     -- (A separate statement: its snapshot sees the versions just locked.)
+    -- Leased messages leave their lease ends' bins (12_counts.sql).
+    IF v_inline THEN
+        PERFORM @extschema@.dq__counting_inline();
+    END IF;
     WITH deleted AS (
         DELETE FROM @extschema@.dq_messages AS m
         WHERE m.ctid = ANY (v_rows)
         RETURNING m.queue, m.channel, m.due_at
+    ),
+    counted AS (
+        INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+        SELECT d.queue, @extschema@.dq__due_bin(d.due_at), TRUE, -count(*)
+        FROM deleted AS d
+        WHERE v_inline
+        GROUP BY 1, 2
     )
 
     SELECT
@@ -241,6 +293,9 @@ BEGIN
         array_agg(d.due_at) FILTER (WHERE d.channel <> '')
     INTO v_deleted, v_queues, v_channels, v_dues
     FROM deleted AS d;
+    IF v_inline THEN
+        PERFORM @extschema@.dq__counted_inline();
+    END IF;
     IF v_queues IS NOT NULL THEN
         PERFORM @extschema@.dq__leases_ended(v_queues, v_channels, v_dues, v_now);
     END IF;

@@ -763,3 +763,23 @@ AS $$
     FROM (SELECT pg_catalog.current_setting('dq.outcome', true) AS outcome) AS o
     WHERE o.outcome OPERATOR(pg_catalog.=) ANY (ARRAY['acked', 'dead', 'cancelled', 'purged'])
 $$;
+
+-- Whether deleting messages of queue (NULL: of any queue) may have to be
+-- recorded: it keeps history, or (NULL) some queue does. The acks count
+-- their own deletes only when not (12_counts.sql): the trigger that records
+-- also counts. As pgdq's owner (SECURITY DEFINER), so that it sees every
+-- queue's setting whatever the caller may read of dq_queues.
+CREATE FUNCTION dq__may_keep_history(queue text) RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF dq__may_keep_history.queue IS NULL THEN
+        RETURN EXISTS (SELECT FROM @extschema@.dq_queues AS q WHERE q.retain IS NOT NULL);
+    END IF;
+    RETURN EXISTS (
+        SELECT FROM @extschema@.dq_queues AS q
+        WHERE q.queue = dq__may_keep_history.queue AND q.retain IS NOT NULL
+    );
+END
+$$;
