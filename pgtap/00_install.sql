@@ -255,8 +255,8 @@ SELECT is(
         SELECT array_agg(o.fn ORDER BY o.fn) FROM ours AS o
         WHERE o.prosecdef
     ),
-    ARRAY['dq__count_rows', 'dq__count_truncated', 'dq__count_updated', 'dq__fold_counts', 'dq__may_keep_history'],
-    'no pgdq function is SECURITY DEFINER but the count triggers, the fold and dq__may_keep_history (12_counts.sql)'
+    ARRAY['dq__count_rows', 'dq__count_truncated', 'dq__count_updated', 'dq__fold_counts'],
+    'no pgdq function is SECURITY DEFINER but the count triggers and the fold (12_counts.sql)'
 );
 SELECT is(
     (

@@ -4,7 +4,7 @@
 -- pinned before folded bins, a role without the right to read them and a
 -- role under row-level security read the messages instead.
 BEGIN;
-SELECT plan(53);
+SELECT plan(56);
 
 -- This file alters dq_messages (row-level security, a trigger, TRUNCATE)
 -- after writing to it. Its strongest lock, taken before any write, keeps
@@ -182,6 +182,27 @@ SELECT is(
 );
 SELECT ok(pg_temp.counts_agree(), 'and its writes are counted');
 DROP TRIGGER t_copy_sent ON dq_messages;
+-- a user's BEFORE trigger that calls pgdq inside a counting statement: the
+-- inner call puts the outer statement's mark back, so it counts once
+CREATE FUNCTION pg_temp.audit_sent() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.queue = 't_counts_g' THEN
+        PERFORM public.dq_send('t_counts_g2', NEW.payload);
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER t_audit_sent BEFORE INSERT ON dq_messages
+FOR EACH ROW EXECUTE FUNCTION pg_temp.audit_sent();
+SELECT dq_send('t_counts_g', '1');
+SELECT count(*) FROM dq_send_many('t_counts_g', array_fill('1'::jsonb, ARRAY[2]));
+SELECT ok(pg_temp.counts_agree(), 'a user''s BEFORE trigger sending inside a send: counted once each');
+DROP TRIGGER t_audit_sent ON dq_messages;
+SELECT throws_ok(
+    $$INSERT INTO dq_counts VALUES ('t_counts', now(), FALSE, 9223372036854775807)$$,
+    '23514', NULL, 'a count row beyond 2^32 is refused (a fold of false rows cannot overflow)'
+);
 DELETE FROM dq_messages
 WHERE queue IN ('t_counts_g', 't_counts_g2', 't_counts_h');
 
@@ -271,7 +292,11 @@ SELECT is((SELECT count(*)::int FROM dq_counts), 0, 'and no count');
 RESET ROLE;
 GRANT INSERT ON dq_messages, dq_counts TO t_counts_reader;
 SET LOCAL ROLE t_counts_reader;
-SELECT lives_ok($$SELECT dq_send('t_counts_b', '1')$$, 'such a role sends, its count added (1.3)');
+SELECT lives_ok($$SELECT dq_send('t_counts_b', '1')$$, 'such a role sends (1.3: counted by the trigger)');
+SELECT throws_ok(
+    $$INSERT INTO dq_counts VALUES ('t_counts_b', now(), FALSE, -1)$$,
+    '42501', NULL, 'and adds no count of its own'
+);
 RESET ROLE;
 SELECT ok(pg_temp.counts_agree(), 'and the counts agree');
 SELECT set_config('dq.now', '', TRUE);

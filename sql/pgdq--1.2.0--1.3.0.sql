@@ -7,6 +7,16 @@
 -- changes is in CHANGELOG.md; tests/test_upgrade.py checks that 1.2.0 plus
 -- the step equals a fresh 1.3.0 install, object for object.
 
+-- The step changes dq_queues (an index), dq_messages (its count triggers)
+-- and dq_counts (a constraint): their locks first, in the order a poll
+-- reads them (queues, then messages, then counts), so that the step waits
+-- for producers and consumers, or they for it, but never both (as the step
+-- from 1.1.0). SHARE ROW EXCLUSIVE is what the triggers and the index need
+-- (writers wait, readers do not); the constraint's scan of dq_counts, a few
+-- pages, needs ACCESS EXCLUSIVE.
+LOCK TABLE @extschema@.dq_queues, @extschema@.dq_messages IN SHARE ROW EXCLUSIVE MODE;
+LOCK TABLE @extschema@.dq_counts IN ACCESS EXCLUSIVE MODE;
+
 -- History belongs to its queue: expiry takes the queues of the statement
 -- that recorded (57_history.sql); the old form expired every queue.
 DROP FUNCTION @extschema@.dq__expire_history(integer);
@@ -104,29 +114,44 @@ $$;
 -- only the rows it inserts (an upsert, whose updates the trigger counts):
 -- dq.counted holds the trigger depth (pg_trigger_depth()) of the one
 -- statement that does, followed by 'i' for inserts only, set just before
--- it and cleared after (dq__counted_inline), and the count triggers skip a
--- statement at that depth (their WHEN clauses, below), so that writes
--- nested deeper (a user's trigger writing messages) are still counted by
--- them. Local to the transaction: an error undoes it. The setting's new
--- value (a SQL expression: it inlines into its callers).
+-- it and restored after (dq__counted_inline), and the count triggers skip
+-- a statement at that depth (their WHEN clauses, below), so that writes
+-- nested deeper (a user's trigger writing messages, or calling pgdq) are
+-- still counted by them. Local to the transaction: an error undoes it.
+-- The setting's value before, to restore; NULL, marking nothing, when
+-- row-level security on dq_messages applies to the caller: a tenant adds
+-- no count of its own (the policy below refuses it), the triggers count
+-- its writes as pgdq's owner.
 CREATE OR REPLACE FUNCTION dq__counting_inline(inserts_only boolean DEFAULT FALSE) RETURNS text
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 AS $$
-    SELECT pg_catalog.set_config(
+DECLARE
+    v_before text := coalesce(pg_catalog.current_setting('dq.counted', TRUE), '');
+BEGIN
+    IF pg_catalog.row_security_active('@extschema@.dq_messages'::pg_catalog.regclass) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_catalog.set_config(
         'dq.counted',
         pg_catalog.pg_trigger_depth()::pg_catalog.text
         OPERATOR(pg_catalog.||) CASE WHEN inserts_only THEN 'i' ELSE '' END,
         TRUE
     );
+    RETURN v_before;
+END
 $$;
 
--- After the statement that counted its own rows: unmark it, and now and
--- then fold the counts (dq__time_to_fold).
-CREATE OR REPLACE FUNCTION dq__counted_inline() RETURNS void
+-- After the statement that counted its own rows: put dq.counted back as it
+-- was before (dq__counting_inline's value; NULL: nothing was marked), and
+-- now and then fold the counts (dq__time_to_fold).
+CREATE OR REPLACE FUNCTION dq__counted_inline(marked_from text) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
-    PERFORM pg_catalog.set_config('dq.counted', '', TRUE);
+    IF marked_from IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM pg_catalog.set_config('dq.counted', marked_from, TRUE);
     IF @extschema@.dq__time_to_fold() THEN
         PERFORM @extschema@.dq__fold_counts();
     END IF;
@@ -775,6 +800,7 @@ DECLARE
     v_channel text := coalesce(dq_offer.channel, '');
     v_priority integer := coalesce(dq_offer.priority, 0);
     v_inserted boolean;
+    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts
 BEGIN
     -- one cheap test on the hot path; the checks say what is wrong
     IF NOT @extschema@.dq__valid_queue(dq_offer.queue)
@@ -798,7 +824,7 @@ BEGIN
     -- (Headers take no part in the decision: an update replaces them.) A
     -- created message is counted here, an updated one by the trigger
     -- (12_counts.sql: only it knows the version the update replaced).
-    PERFORM @extschema@.dq__counting_inline(inserts_only => TRUE);
+    v_counting := @extschema@.dq__counting_inline(inserts_only => TRUE);
     WITH offered AS (
         INSERT INTO @extschema@.dq_messages AS m (
             queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
@@ -824,16 +850,18 @@ BEGIN
                     m.payload, m.scheduled_at, m.channel, m.priority,
                     excluded.payload, dq_offer.scheduled_at, excluded.channel, excluded.priority
                 )
-        RETURNING m.xmax = 0 AS created  -- xmax is 0 on a fresh insert
+        -- xmax is 0 on a fresh insert (an update by ON CONFLICT leaves its
+        -- locker's): what the result says, and what is counted here
+        RETURNING m.xmax = 0 AS created, m.queue, m.due_at
     ),
     counted AS (
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
-        SELECT dq_offer.queue, @extschema@.dq__due_bin(v_at), FALSE, 1
+        SELECT o.queue, @extschema@.dq__due_bin(o.due_at), FALSE, 1
         FROM offered AS o
-        WHERE o.created
+        WHERE o.created AND v_counting IS NOT NULL
     )
     SELECT o.created INTO v_inserted FROM offered AS o;
-    PERFORM @extschema@.dq__counted_inline();
+    PERFORM @extschema@.dq__counted_inline(v_counting);
 
     IF v_inserted IS NULL THEN
         -- The message moves to another channel (the row is locked by now):
@@ -1106,9 +1134,11 @@ SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
 SET jit = off  -- see 10_storage.sql
 AS $$
+DECLARE
+    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts
 BEGIN
     -- the messages and their counts in one statement (12_counts.sql)
-    PERFORM @extschema@.dq__counting_inline();
+    v_counting := @extschema@.dq__counting_inline();
     WITH offered AS (
         INSERT INTO @extschema@.dq_messages AS m (
             queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
@@ -1119,13 +1149,14 @@ BEGIN
             coalesce(e.c, ''), coalesce(e.pr, 0), e.h
         FROM unnest(keys, payloads, scheduled_ats, channels, priorities, headers) AS e (k, p, s, c, pr, h)
         ORDER BY e.k COLLATE "C"
-        RETURNING m.due_at
+        RETURNING m.queue, m.due_at
     )
     INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
-    SELECT dq__offer_new.queue, @extschema@.dq__due_bin(o.due_at), FALSE, count(*)
+    SELECT o.queue, @extschema@.dq__due_bin(o.due_at), FALSE, count(*)
     FROM offered AS o
-    GROUP BY 2;
-    PERFORM @extschema@.dq__counted_inline();
+    WHERE v_counting IS NOT NULL
+    GROUP BY 1, 2;
+    PERFORM @extschema@.dq__counted_inline(v_counting);
     RETURN TRUE;
 EXCEPTION WHEN unique_violation THEN  -- a key exists or repeats: undone (the mark too)
     RETURN FALSE;
@@ -1475,6 +1506,7 @@ DECLARE
     v_channel text := coalesce(dq_send.channel, '');
     v_priority integer := coalesce(dq_send.priority, 0);
     v_id bigint;
+    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts
 BEGIN
     -- one cheap test on the hot path; the checks say what is wrong
     IF NOT @extschema@.dq__valid_queue(dq_send.queue)
@@ -1489,20 +1521,22 @@ BEGIN
         PERFORM @extschema@.dq__check_headers(dq_send.headers, 'headers');
     END IF;
     -- the message and its count in one statement (12_counts.sql)
-    PERFORM @extschema@.dq__counting_inline();
+    v_counting := @extschema@.dq__counting_inline();
     WITH sent AS (
-        INSERT INTO @extschema@.dq_messages (
+        INSERT INTO @extschema@.dq_messages AS m (
             queue, payload, scheduled_at, due_at, created_at, channel, priority, headers
         )
         VALUES (dq_send.queue, dq_send.payload, v_at, v_at, v_now, v_channel, v_priority, dq_send.headers)
-        RETURNING id
+        RETURNING m.id, m.queue, m.due_at
     ),
     counted AS (
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
-        VALUES (dq_send.queue, @extschema@.dq__due_bin(v_at), FALSE, 1)
+        SELECT s.queue, @extschema@.dq__due_bin(s.due_at), FALSE, 1
+        FROM sent AS s
+        WHERE v_counting IS NOT NULL
     )
     SELECT s.id INTO v_id FROM sent AS s;
-    PERFORM @extschema@.dq__counted_inline();
+    PERFORM @extschema@.dq__counted_inline(v_counting);
     IF v_channel = '' AND v_priority = 0 THEN
         PERFORM @extschema@.dq__wake_if_head(dq_send.queue, v_at);
     ELSE
@@ -1532,6 +1566,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
+    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_send_many.queue);
     PERFORM @extschema@.dq__check_send_arrays(payloads, scheduled_ats, channels, priorities, headers);
@@ -1542,7 +1577,7 @@ BEGIN
     -- insert, nothing between them that reorders): the identity gives them
     -- ascending ids, returned in that order.
     -- The messages and their counts in one statement (12_counts.sql).
-    PERFORM @extschema@.dq__counting_inline();
+    v_counting := @extschema@.dq__counting_inline();
     RETURN QUERY
     WITH sent AS (
         INSERT INTO @extschema@.dq_messages AS m (
@@ -1552,16 +1587,17 @@ BEGIN
             dq_send_many.queue, e.p, coalesce(e.s, v_now), coalesce(e.s, v_now), v_now,
             coalesce(e.c, ''), coalesce(e.pr, 0), e.h
         FROM unnest(payloads, scheduled_ats, channels, priorities, headers) AS e (p, s, c, pr, h)
-        RETURNING m.id, m.due_at
+        RETURNING m.id, m.queue, m.due_at
     ),
     counted AS (
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
-        SELECT dq_send_many.queue, @extschema@.dq__due_bin(s.due_at), FALSE, count(*)
+        SELECT s.queue, @extschema@.dq__due_bin(s.due_at), FALSE, count(*)
         FROM sent AS s
-        GROUP BY 2
+        WHERE v_counting IS NOT NULL
+        GROUP BY 1, 2
     )
     SELECT s.id FROM sent AS s;
-    PERFORM @extschema@.dq__counted_inline();
+    PERFORM @extschema@.dq__counted_inline(v_counting);
     IF channels IS NULL AND priorities IS NULL THEN
         PERFORM @extschema@.dq__wake_if_head(dq_send_many.queue, CASE
             WHEN scheduled_ats IS NULL THEN v_now
@@ -1600,6 +1636,7 @@ DECLARE
     v_spent bigint[];        -- picked, but already delivered max_attempts times
     v_grouped boolean;       -- the queue has groups (42_groups.sql)
     v_paused boolean;        -- dq_pause
+    v_counting text;         -- dq__counting_inline's; NULL: the trigger counts
 BEGIN
     IF NOT @extschema@.dq__valid_queue(v_queue)
         OR max_count IS NULL
@@ -1667,7 +1704,7 @@ BEGIN
     -- The leases and their counts in one statement (12_counts.sql): each row
     -- leaves its due time's bin (leased_due_at is its due time before) for
     -- the lease end's, leased.
-    PERFORM @extschema@.dq__counting_inline();
+    v_counting := @extschema@.dq__counting_inline();
     RETURN QUERY
     WITH leased AS (
         UPDATE @extschema@.dq_messages AS m
@@ -1685,14 +1722,15 @@ BEGIN
     ),
     counted AS (
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
-        SELECT v_queue, d.due_bin, d.leased, sum(d.n)
+        SELECT l.queue, d.due_bin, d.leased, sum(d.n)
         FROM leased AS l
         CROSS JOIN LATERAL (
             VALUES
                 (@extschema@.dq__due_bin(l.leased_due_at), l.relet, -1),
                 (@extschema@.dq__due_bin(l.due_at), TRUE, 1)
         ) AS d (due_bin, leased, n)
-        GROUP BY d.due_bin, d.leased
+        WHERE v_counting IS NOT NULL
+        GROUP BY l.queue, d.due_bin, d.leased
         HAVING sum(d.n) <> 0
     )
     SELECT
@@ -1702,7 +1740,7 @@ BEGIN
         l.headers
     FROM leased AS l
     ORDER BY l.pos;
-    PERFORM @extschema@.dq__counted_inline();
+    PERFORM @extschema@.dq__counted_inline(v_counting);
 END
 $$;
 
@@ -1737,14 +1775,13 @@ DECLARE
     v_queue text;
     v_channel text;
     v_until timestamptz;
-    v_inline boolean;  -- counted here, not by the trigger (no history to record)
+    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts (and records)
 BEGIN
     IF dq_ack.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_ack.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_ack.queue);
     END IF;
-    v_inline := NOT @extschema@.dq__may_keep_history(dq_ack.queue);
-    IF v_inline THEN
-        PERFORM @extschema@.dq__counting_inline();
+    IF NOT @extschema@.dq__may_keep_history(dq_ack.queue) THEN
+        v_counting := @extschema@.dq__counting_inline();
     END IF;
     WITH acked AS (
         DELETE FROM @extschema@.dq_messages AS m
@@ -1757,13 +1794,11 @@ BEGIN
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
         SELECT a.queue, @extschema@.dq__due_bin(a.due_at), TRUE, -1
         FROM acked AS a
-        WHERE v_inline
+        WHERE v_counting IS NOT NULL
     )
     SELECT a.queue, a.channel, a.due_at INTO v_queue, v_channel, v_until
     FROM acked AS a;
-    IF v_inline THEN
-        PERFORM @extschema@.dq__counted_inline();
-    END IF;
+    PERFORM @extschema@.dq__counted_inline(v_counting);
     IF v_queue IS NULL THEN
         RETURN FALSE;
     END IF;
@@ -1825,12 +1860,11 @@ DECLARE
     v_queues text[];
     v_channels text[];
     v_dues timestamptz[];
-    v_inline boolean;  -- counted here, not by the trigger (no history to record)
+    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts (and records)
 BEGIN
     IF dq_ack_many.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_ack_many.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_ack_many.queue);
     END IF;
-    v_inline := NOT @extschema@.dq__may_keep_history(dq_ack_many.queue);
     -- Rows are locked in (queue, key) order, the order dq_offer_many locks
     -- in, so a batch ack and a batch offer never deadlock (keyless messages,
     -- which no offer locks, last, by id).
@@ -1846,9 +1880,11 @@ BEGIN
     -- Locked by this transaction, the rows are still at those addresses
     -- (ctid): one heap fetch each instead of a second primary key lookup.
     -- (A separate statement: its snapshot sees the versions just locked.)
-    -- Leased messages leave their lease ends' bins (12_counts.sql).
-    IF v_inline THEN
-        PERFORM @extschema@.dq__counting_inline();
+    -- Leased messages leave their lease ends' bins (12_counts.sql): here,
+    -- unless a queue may keep history (asked after the locks, which may have
+    -- waited for a dq_retain), whose records the trigger writes.
+    IF NOT @extschema@.dq__may_keep_history(dq_ack_many.queue) THEN
+        v_counting := @extschema@.dq__counting_inline();
     END IF;
     WITH deleted AS (
         DELETE FROM @extschema@.dq_messages AS m
@@ -1859,7 +1895,7 @@ BEGIN
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
         SELECT d.queue, @extschema@.dq__due_bin(d.due_at), TRUE, -count(*)
         FROM deleted AS d
-        WHERE v_inline
+        WHERE v_counting IS NOT NULL
         GROUP BY 1, 2
     )
 
@@ -1870,9 +1906,7 @@ BEGIN
         array_agg(d.due_at) FILTER (WHERE d.channel <> '')
     INTO v_deleted, v_queues, v_channels, v_dues
     FROM deleted AS d;
-    IF v_inline THEN
-        PERFORM @extschema@.dq__counted_inline();
-    END IF;
+    PERFORM @extschema@.dq__counted_inline(v_counting);
     IF v_queues IS NOT NULL THEN
         PERFORM @extschema@.dq__leases_ended(v_queues, v_channels, v_dues, v_now);
     END IF;
@@ -5025,15 +5059,19 @@ AS $$
 $$;
 
 -- Whether deleting messages of queue (NULL: of any queue) may have to be
--- recorded: it keeps history, or (NULL) some queue does. The acks count
--- their own deletes only when not (12_counts.sql): the trigger that records
--- also counts. As pgdq's owner (SECURITY DEFINER), so that it sees every
--- queue's setting whatever the caller may read of dq_queues.
+-- recorded: it keeps history, or (NULL) some queue does, or the caller may
+-- not read the queues' settings. The acks count their own deletes only
+-- when not (12_counts.sql): the trigger that records also counts. As the
+-- caller, who learns nothing it may not read; one probe of
+-- dq_queues_retained.
 CREATE OR REPLACE FUNCTION dq__may_keep_history(queue text) RETURNS boolean
-LANGUAGE plpgsql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF NOT has_table_privilege('@extschema@.dq_queues', 'SELECT') THEN
+        RETURN TRUE;
+    END IF;
     IF dq__may_keep_history.queue IS NULL THEN
         RETURN EXISTS (SELECT FROM @extschema@.dq_queues AS q WHERE q.retain IS NOT NULL);
     END IF;
@@ -5978,38 +6016,46 @@ END
 $$;
 
 -- The hot statements count their own rows (12_counts.sql): the count
--- triggers skip a statement marked so (dq__counting_inline),
--- atomically with the statements that begin to mark themselves.
-DROP TRIGGER dq_count_inserted ON @extschema@.dq_messages;
-DROP TRIGGER dq_count_deleted ON @extschema@.dq_messages;
-DROP TRIGGER dq_count_updated ON @extschema@.dq_messages;
-CREATE TRIGGER dq_count_inserted AFTER INSERT ON @extschema@.dq_messages
+-- triggers skip a statement marked so (dq__counting_inline), atomically
+-- with the statements that begin to mark themselves (replaced in place:
+-- SHARE ROW EXCLUSIVE, where DROP TRIGGER takes ACCESS EXCLUSIVE).
+CREATE OR REPLACE TRIGGER dq_count_inserted AFTER INSERT ON @extschema@.dq_messages
 REFERENCING NEW TABLE AS changed_rows
 FOR EACH STATEMENT
 WHEN (
     pg_catalog.rtrim(pg_catalog.current_setting('dq.counted', TRUE), 'i')
     IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
-) EXECUTE FUNCTION @extschema@.dq__count_rows();
-CREATE TRIGGER dq_count_deleted AFTER DELETE ON @extschema@.dq_messages
+)
+EXECUTE FUNCTION @extschema@.dq__count_rows();
+CREATE OR REPLACE TRIGGER dq_count_deleted AFTER DELETE ON @extschema@.dq_messages
 REFERENCING OLD TABLE AS changed_rows
 FOR EACH STATEMENT
 WHEN (
     pg_catalog.current_setting('dq.counted', TRUE)
     IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
-) EXECUTE FUNCTION @extschema@.dq__count_rows();
-CREATE TRIGGER dq_count_updated AFTER UPDATE ON @extschema@.dq_messages
+)
+EXECUTE FUNCTION @extschema@.dq__count_rows();
+CREATE OR REPLACE TRIGGER dq_count_updated AFTER UPDATE ON @extschema@.dq_messages
 REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
 FOR EACH STATEMENT
 WHEN (
     pg_catalog.current_setting('dq.counted', TRUE)
     IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
-) EXECUTE FUNCTION @extschema@.dq__count_updated();
+)
+EXECUTE FUNCTION @extschema@.dq__count_updated();
 
--- Whoever writes messages adds their counts (12_counts.sql): a role under
--- row-level security too, and every role granted a write on dq_messages
--- gets INSERT on dq_counts, as docs/install.md's grants now give it.
-CREATE POLICY dq_counts_added ON @extschema@.dq_counts FOR INSERT
-WITH CHECK (TRUE);
+-- A count row stays within 2^32 either way (12_counts.sql): false rows
+-- added by a role that may add counts cannot overflow a fold. Folded sums
+-- of real messages are far below it.
+ALTER TABLE @extschema@.dq_counts
+ADD CONSTRAINT dq_counts_n CHECK (n BETWEEN -4294967296 AND 4294967296);
+COMMENT ON TABLE @extschema@.dq_counts IS
+'pgdq message counts by queue and due time (deltas, summed on read). Kept by writes to dq_messages; internal.';
+
+-- Whoever writes messages adds their counts (12_counts.sql): every role
+-- granted a write on dq_messages gets INSERT on dq_counts, as
+-- docs/install.md's grants now give it (a role under row-level security
+-- adds none: the triggers count its writes).
 DO $$
 DECLARE
     v_grantee oid;

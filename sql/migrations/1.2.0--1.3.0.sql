@@ -4,6 +4,16 @@
 -- changes is in CHANGELOG.md; tests/test_upgrade.py checks that 1.2.0 plus
 -- the step equals a fresh 1.3.0 install, object for object.
 
+-- The step changes dq_queues (an index), dq_messages (its count triggers)
+-- and dq_counts (a constraint): their locks first, in the order a poll
+-- reads them (queues, then messages, then counts), so that the step waits
+-- for producers and consumers, or they for it, but never both (as the step
+-- from 1.1.0). SHARE ROW EXCLUSIVE is what the triggers and the index need
+-- (writers wait, readers do not); the constraint's scan of dq_counts, a few
+-- pages, needs ACCESS EXCLUSIVE.
+LOCK TABLE @extschema@.dq_queues, @extschema@.dq_messages IN SHARE ROW EXCLUSIVE MODE;
+LOCK TABLE @extschema@.dq_counts IN ACCESS EXCLUSIVE MODE;
+
 -- History belongs to its queue: expiry takes the queues of the statement
 -- that recorded (57_history.sql); the old form expired every queue.
 DROP FUNCTION @extschema@.dq__expire_history(integer);
@@ -42,38 +52,46 @@ WHERE retain IS NOT NULL;
 -- @functions
 
 -- The hot statements count their own rows (12_counts.sql): the count
--- triggers skip a statement marked so (dq__counting_inline),
--- atomically with the statements that begin to mark themselves.
-DROP TRIGGER dq_count_inserted ON @extschema@.dq_messages;
-DROP TRIGGER dq_count_deleted ON @extschema@.dq_messages;
-DROP TRIGGER dq_count_updated ON @extschema@.dq_messages;
-CREATE TRIGGER dq_count_inserted AFTER INSERT ON @extschema@.dq_messages
+-- triggers skip a statement marked so (dq__counting_inline), atomically
+-- with the statements that begin to mark themselves (replaced in place:
+-- SHARE ROW EXCLUSIVE, where DROP TRIGGER takes ACCESS EXCLUSIVE).
+CREATE OR REPLACE TRIGGER dq_count_inserted AFTER INSERT ON @extschema@.dq_messages
 REFERENCING NEW TABLE AS changed_rows
 FOR EACH STATEMENT
 WHEN (
     pg_catalog.rtrim(pg_catalog.current_setting('dq.counted', TRUE), 'i')
     IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
-) EXECUTE FUNCTION @extschema@.dq__count_rows();
-CREATE TRIGGER dq_count_deleted AFTER DELETE ON @extschema@.dq_messages
+)
+EXECUTE FUNCTION @extschema@.dq__count_rows();
+CREATE OR REPLACE TRIGGER dq_count_deleted AFTER DELETE ON @extschema@.dq_messages
 REFERENCING OLD TABLE AS changed_rows
 FOR EACH STATEMENT
 WHEN (
     pg_catalog.current_setting('dq.counted', TRUE)
     IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
-) EXECUTE FUNCTION @extschema@.dq__count_rows();
-CREATE TRIGGER dq_count_updated AFTER UPDATE ON @extschema@.dq_messages
+)
+EXECUTE FUNCTION @extschema@.dq__count_rows();
+CREATE OR REPLACE TRIGGER dq_count_updated AFTER UPDATE ON @extschema@.dq_messages
 REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
 FOR EACH STATEMENT
 WHEN (
     pg_catalog.current_setting('dq.counted', TRUE)
     IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
-) EXECUTE FUNCTION @extschema@.dq__count_updated();
+)
+EXECUTE FUNCTION @extschema@.dq__count_updated();
 
--- Whoever writes messages adds their counts (12_counts.sql): a role under
--- row-level security too, and every role granted a write on dq_messages
--- gets INSERT on dq_counts, as docs/install.md's grants now give it.
-CREATE POLICY dq_counts_added ON @extschema@.dq_counts FOR INSERT
-WITH CHECK (TRUE);
+-- A count row stays within 2^32 either way (12_counts.sql): false rows
+-- added by a role that may add counts cannot overflow a fold. Folded sums
+-- of real messages are far below it.
+ALTER TABLE @extschema@.dq_counts
+ADD CONSTRAINT dq_counts_n CHECK (n BETWEEN -4294967296 AND 4294967296);
+COMMENT ON TABLE @extschema@.dq_counts IS
+'pgdq message counts by queue and due time (deltas, summed on read). Kept by writes to dq_messages; internal.';
+
+-- Whoever writes messages adds their counts (12_counts.sql): every role
+-- granted a write on dq_messages gets INSERT on dq_counts, as
+-- docs/install.md's grants now give it (a role under row-level security
+-- adds none: the triggers count its writes).
 DO $$
 DECLARE
     v_grantee oid;

@@ -31,7 +31,9 @@ CREATE TABLE dq_counts (
     due_bin timestamptz NOT NULL,
     -- lock_token IS NOT NULL (leased, or a lease that expired)
     leased boolean NOT NULL,
-    n bigint NOT NULL
+    -- within 2^32 either way: a sum of rows (a fold) cannot overflow
+    -- before 2^31 of them, whatever a role that may add counts adds
+    n bigint NOT NULL CONSTRAINT dq_counts_n CHECK (n BETWEEN -4294967296 AND 4294967296)
 ) WITH (
     -- every fold leaves the rows it summed dead: vacuum as soon as
     -- autovacuum comes by, with no cost delay, so that the table (which
@@ -42,7 +44,7 @@ CREATE TABLE dq_counts (
 );
 
 COMMENT ON TABLE dq_counts IS
-'pgdq message counts by queue and due time (deltas, summed on read). Kept by triggers on dq_messages; internal.';
+'pgdq message counts by queue and due time (deltas, summed on read). Kept by writes to dq_messages; internal.';
 
 -- The width of a bin (dq__due_bin).
 CREATE FUNCTION dq__due_bin_width() RETURNS interval
@@ -62,29 +64,44 @@ $$;
 -- only the rows it inserts (an upsert, whose updates the trigger counts):
 -- dq.counted holds the trigger depth (pg_trigger_depth()) of the one
 -- statement that does, followed by 'i' for inserts only, set just before
--- it and cleared after (dq__counted_inline), and the count triggers skip a
--- statement at that depth (their WHEN clauses, below), so that writes
--- nested deeper (a user's trigger writing messages) are still counted by
--- them. Local to the transaction: an error undoes it. The setting's new
--- value (a SQL expression: it inlines into its callers).
+-- it and restored after (dq__counted_inline), and the count triggers skip
+-- a statement at that depth (their WHEN clauses, below), so that writes
+-- nested deeper (a user's trigger writing messages, or calling pgdq) are
+-- still counted by them. Local to the transaction: an error undoes it.
+-- The setting's value before, to restore; NULL, marking nothing, when
+-- row-level security on dq_messages applies to the caller: a tenant adds
+-- no count of its own (the policy below refuses it), the triggers count
+-- its writes as pgdq's owner.
 CREATE FUNCTION dq__counting_inline(inserts_only boolean DEFAULT FALSE) RETURNS text
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 AS $$
-    SELECT pg_catalog.set_config(
+DECLARE
+    v_before text := coalesce(pg_catalog.current_setting('dq.counted', TRUE), '');
+BEGIN
+    IF pg_catalog.row_security_active('@extschema@.dq_messages'::pg_catalog.regclass) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_catalog.set_config(
         'dq.counted',
         pg_catalog.pg_trigger_depth()::pg_catalog.text
         OPERATOR(pg_catalog.||) CASE WHEN inserts_only THEN 'i' ELSE '' END,
         TRUE
     );
+    RETURN v_before;
+END
 $$;
 
--- After the statement that counted its own rows: unmark it, and now and
--- then fold the counts (dq__time_to_fold).
-CREATE FUNCTION dq__counted_inline() RETURNS void
+-- After the statement that counted its own rows: put dq.counted back as it
+-- was before (dq__counting_inline's value; NULL: nothing was marked), and
+-- now and then fold the counts (dq__time_to_fold).
+CREATE FUNCTION dq__counted_inline(marked_from text) RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
-    PERFORM pg_catalog.set_config('dq.counted', '', TRUE);
+    IF marked_from IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM pg_catalog.set_config('dq.counted', marked_from, TRUE);
     IF @extschema@.dq__time_to_fold() THEN
         PERFORM @extschema@.dq__fold_counts();
     END IF;
@@ -149,15 +166,16 @@ CREATE POLICY dq_counts_unless_isolated ON dq_counts
 USING ((SELECT NOT pg_catalog.row_security_active('@extschema@.dq_messages'::regclass)));
 
 -- Who adds counts (1.3): the roles that may write messages (INSERT, the
--- README's roles), whose hot statements count their own rows, isolated or
--- not. Such a role could add counts of its own, or mark its own direct
--- writes as counted (dq.counted): it would skew the overview it may already
--- empty by deleting the messages; pgdq's functions never do (docs/security.md).
-CREATE POLICY dq_counts_added ON dq_counts FOR INSERT
-WITH CHECK (TRUE);
+-- README's roles), whose hot statements count their own rows; the policy
+-- above refuses a row to a role under row-level security (a tenant), whose
+-- writes the triggers count. A role that may add counts could add false
+-- ones, or mark its own direct writes as counted (dq.counted): it would
+-- skew the overview of the queues it may empty anyway; pgdq's functions
+-- never do (docs/security.md). No count of one statement comes near the
+-- bound of dq_counts_n, which keeps false rows from overflowing a fold.
 
 -- The trigger functions run as pgdq's owner (SECURITY DEFINER, with the
--- fold and dq__may_keep_history the only ones: pgtap/00_install.sql), so
+-- fold the only ones: pgtap/00_install.sql), so
 -- that every other write to dq_messages is counted, by any role. They take
 -- no argument, and count only when called as pgdq's own count triggers
 -- (dq__is_count_trigger).

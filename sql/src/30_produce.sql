@@ -75,6 +75,7 @@ DECLARE
     v_channel text := coalesce(dq_offer.channel, '');
     v_priority integer := coalesce(dq_offer.priority, 0);
     v_inserted boolean;
+    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts
 BEGIN
     -- one cheap test on the hot path; the checks say what is wrong
     IF NOT @extschema@.dq__valid_queue(dq_offer.queue)
@@ -98,7 +99,7 @@ BEGIN
     -- (Headers take no part in the decision: an update replaces them.) A
     -- created message is counted here, an updated one by the trigger
     -- (12_counts.sql: only it knows the version the update replaced).
-    PERFORM @extschema@.dq__counting_inline(inserts_only => TRUE);
+    v_counting := @extschema@.dq__counting_inline(inserts_only => TRUE);
     WITH offered AS (
         INSERT INTO @extschema@.dq_messages AS m (
             queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
@@ -124,16 +125,18 @@ BEGIN
                     m.payload, m.scheduled_at, m.channel, m.priority,
                     excluded.payload, dq_offer.scheduled_at, excluded.channel, excluded.priority
                 )
-        RETURNING m.xmax = 0 AS created  -- xmax is 0 on a fresh insert
+        -- xmax is 0 on a fresh insert (an update by ON CONFLICT leaves its
+        -- locker's): what the result says, and what is counted here
+        RETURNING m.xmax = 0 AS created, m.queue, m.due_at
     ),
     counted AS (
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
-        SELECT dq_offer.queue, @extschema@.dq__due_bin(v_at), FALSE, 1
+        SELECT o.queue, @extschema@.dq__due_bin(o.due_at), FALSE, 1
         FROM offered AS o
-        WHERE o.created
+        WHERE o.created AND v_counting IS NOT NULL
     )
     SELECT o.created INTO v_inserted FROM offered AS o;
-    PERFORM @extschema@.dq__counted_inline();
+    PERFORM @extschema@.dq__counted_inline(v_counting);
 
     IF v_inserted IS NULL THEN
         -- The message moves to another channel (the row is locked by now):
@@ -406,9 +409,11 @@ SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
 SET jit = off  -- see 10_storage.sql
 AS $$
+DECLARE
+    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts
 BEGIN
     -- the messages and their counts in one statement (12_counts.sql)
-    PERFORM @extschema@.dq__counting_inline();
+    v_counting := @extschema@.dq__counting_inline();
     WITH offered AS (
         INSERT INTO @extschema@.dq_messages AS m (
             queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
@@ -419,13 +424,14 @@ BEGIN
             coalesce(e.c, ''), coalesce(e.pr, 0), e.h
         FROM unnest(keys, payloads, scheduled_ats, channels, priorities, headers) AS e (k, p, s, c, pr, h)
         ORDER BY e.k COLLATE "C"
-        RETURNING m.due_at
+        RETURNING m.queue, m.due_at
     )
     INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
-    SELECT dq__offer_new.queue, @extschema@.dq__due_bin(o.due_at), FALSE, count(*)
+    SELECT o.queue, @extschema@.dq__due_bin(o.due_at), FALSE, count(*)
     FROM offered AS o
-    GROUP BY 2;
-    PERFORM @extschema@.dq__counted_inline();
+    WHERE v_counting IS NOT NULL
+    GROUP BY 1, 2;
+    PERFORM @extschema@.dq__counted_inline(v_counting);
     RETURN TRUE;
 EXCEPTION WHEN unique_violation THEN  -- a key exists or repeats: undone (the mark too)
     RETURN FALSE;

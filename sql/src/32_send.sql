@@ -105,6 +105,7 @@ DECLARE
     v_channel text := coalesce(dq_send.channel, '');
     v_priority integer := coalesce(dq_send.priority, 0);
     v_id bigint;
+    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts
 BEGIN
     -- one cheap test on the hot path; the checks say what is wrong
     IF NOT @extschema@.dq__valid_queue(dq_send.queue)
@@ -119,20 +120,22 @@ BEGIN
         PERFORM @extschema@.dq__check_headers(dq_send.headers, 'headers');
     END IF;
     -- the message and its count in one statement (12_counts.sql)
-    PERFORM @extschema@.dq__counting_inline();
+    v_counting := @extschema@.dq__counting_inline();
     WITH sent AS (
-        INSERT INTO @extschema@.dq_messages (
+        INSERT INTO @extschema@.dq_messages AS m (
             queue, payload, scheduled_at, due_at, created_at, channel, priority, headers
         )
         VALUES (dq_send.queue, dq_send.payload, v_at, v_at, v_now, v_channel, v_priority, dq_send.headers)
-        RETURNING id
+        RETURNING m.id, m.queue, m.due_at
     ),
     counted AS (
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
-        VALUES (dq_send.queue, @extschema@.dq__due_bin(v_at), FALSE, 1)
+        SELECT s.queue, @extschema@.dq__due_bin(s.due_at), FALSE, 1
+        FROM sent AS s
+        WHERE v_counting IS NOT NULL
     )
     SELECT s.id INTO v_id FROM sent AS s;
-    PERFORM @extschema@.dq__counted_inline();
+    PERFORM @extschema@.dq__counted_inline(v_counting);
     IF v_channel = '' AND v_priority = 0 THEN
         PERFORM @extschema@.dq__wake_if_head(dq_send.queue, v_at);
     ELSE
@@ -162,6 +165,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
+    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_send_many.queue);
     PERFORM @extschema@.dq__check_send_arrays(payloads, scheduled_ats, channels, priorities, headers);
@@ -172,7 +176,7 @@ BEGIN
     -- insert, nothing between them that reorders): the identity gives them
     -- ascending ids, returned in that order.
     -- The messages and their counts in one statement (12_counts.sql).
-    PERFORM @extschema@.dq__counting_inline();
+    v_counting := @extschema@.dq__counting_inline();
     RETURN QUERY
     WITH sent AS (
         INSERT INTO @extschema@.dq_messages AS m (
@@ -182,16 +186,17 @@ BEGIN
             dq_send_many.queue, e.p, coalesce(e.s, v_now), coalesce(e.s, v_now), v_now,
             coalesce(e.c, ''), coalesce(e.pr, 0), e.h
         FROM unnest(payloads, scheduled_ats, channels, priorities, headers) AS e (p, s, c, pr, h)
-        RETURNING m.id, m.due_at
+        RETURNING m.id, m.queue, m.due_at
     ),
     counted AS (
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
-        SELECT dq_send_many.queue, @extschema@.dq__due_bin(s.due_at), FALSE, count(*)
+        SELECT s.queue, @extschema@.dq__due_bin(s.due_at), FALSE, count(*)
         FROM sent AS s
-        GROUP BY 2
+        WHERE v_counting IS NOT NULL
+        GROUP BY 1, 2
     )
     SELECT s.id FROM sent AS s;
-    PERFORM @extschema@.dq__counted_inline();
+    PERFORM @extschema@.dq__counted_inline(v_counting);
     IF channels IS NULL AND priorities IS NULL THEN
         PERFORM @extschema@.dq__wake_if_head(dq_send_many.queue, CASE
             WHEN scheduled_ats IS NULL THEN v_now

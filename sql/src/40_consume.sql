@@ -23,6 +23,7 @@ DECLARE
     v_spent bigint[];        -- picked, but already delivered max_attempts times
     v_grouped boolean;       -- the queue has groups (42_groups.sql)
     v_paused boolean;        -- dq_pause
+    v_counting text;         -- dq__counting_inline's; NULL: the trigger counts
 BEGIN
     IF NOT @extschema@.dq__valid_queue(v_queue)
         OR max_count IS NULL
@@ -90,7 +91,7 @@ BEGIN
     -- The leases and their counts in one statement (12_counts.sql): each row
     -- leaves its due time's bin (leased_due_at is its due time before) for
     -- the lease end's, leased.
-    PERFORM @extschema@.dq__counting_inline();
+    v_counting := @extschema@.dq__counting_inline();
     RETURN QUERY
     WITH leased AS (
         UPDATE @extschema@.dq_messages AS m
@@ -108,14 +109,15 @@ BEGIN
     ),
     counted AS (
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
-        SELECT v_queue, d.due_bin, d.leased, sum(d.n)
+        SELECT l.queue, d.due_bin, d.leased, sum(d.n)
         FROM leased AS l
         CROSS JOIN LATERAL (
             VALUES
                 (@extschema@.dq__due_bin(l.leased_due_at), l.relet, -1),
                 (@extschema@.dq__due_bin(l.due_at), TRUE, 1)
         ) AS d (due_bin, leased, n)
-        GROUP BY d.due_bin, d.leased
+        WHERE v_counting IS NOT NULL
+        GROUP BY l.queue, d.due_bin, d.leased
         HAVING sum(d.n) <> 0
     )
     SELECT
@@ -125,7 +127,7 @@ BEGIN
         l.headers
     FROM leased AS l
     ORDER BY l.pos;
-    PERFORM @extschema@.dq__counted_inline();
+    PERFORM @extschema@.dq__counted_inline(v_counting);
 END
 $$;
 
@@ -160,14 +162,13 @@ DECLARE
     v_queue text;
     v_channel text;
     v_until timestamptz;
-    v_inline boolean;  -- counted here, not by the trigger (no history to record)
+    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts (and records)
 BEGIN
     IF dq_ack.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_ack.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_ack.queue);
     END IF;
-    v_inline := NOT @extschema@.dq__may_keep_history(dq_ack.queue);
-    IF v_inline THEN
-        PERFORM @extschema@.dq__counting_inline();
+    IF NOT @extschema@.dq__may_keep_history(dq_ack.queue) THEN
+        v_counting := @extschema@.dq__counting_inline();
     END IF;
     WITH acked AS (
         DELETE FROM @extschema@.dq_messages AS m
@@ -180,13 +181,11 @@ BEGIN
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
         SELECT a.queue, @extschema@.dq__due_bin(a.due_at), TRUE, -1
         FROM acked AS a
-        WHERE v_inline
+        WHERE v_counting IS NOT NULL
     )
     SELECT a.queue, a.channel, a.due_at INTO v_queue, v_channel, v_until
     FROM acked AS a;
-    IF v_inline THEN
-        PERFORM @extschema@.dq__counted_inline();
-    END IF;
+    PERFORM @extschema@.dq__counted_inline(v_counting);
     IF v_queue IS NULL THEN
         RETURN FALSE;
     END IF;
@@ -248,12 +247,11 @@ DECLARE
     v_queues text[];
     v_channels text[];
     v_dues timestamptz[];
-    v_inline boolean;  -- counted here, not by the trigger (no history to record)
+    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts (and records)
 BEGIN
     IF dq_ack_many.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_ack_many.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_ack_many.queue);
     END IF;
-    v_inline := NOT @extschema@.dq__may_keep_history(dq_ack_many.queue);
     -- Rows are locked in (queue, key) order, the order dq_offer_many locks
     -- in, so a batch ack and a batch offer never deadlock (keyless messages,
     -- which no offer locks, last, by id).
@@ -269,9 +267,11 @@ BEGIN
     -- Locked by this transaction, the rows are still at those addresses
     -- (ctid): one heap fetch each instead of a second primary key lookup.
     -- (A separate statement: its snapshot sees the versions just locked.)
-    -- Leased messages leave their lease ends' bins (12_counts.sql).
-    IF v_inline THEN
-        PERFORM @extschema@.dq__counting_inline();
+    -- Leased messages leave their lease ends' bins (12_counts.sql): here,
+    -- unless a queue may keep history (asked after the locks, which may have
+    -- waited for a dq_retain), whose records the trigger writes.
+    IF NOT @extschema@.dq__may_keep_history(dq_ack_many.queue) THEN
+        v_counting := @extschema@.dq__counting_inline();
     END IF;
     WITH deleted AS (
         DELETE FROM @extschema@.dq_messages AS m
@@ -282,7 +282,7 @@ BEGIN
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
         SELECT d.queue, @extschema@.dq__due_bin(d.due_at), TRUE, -count(*)
         FROM deleted AS d
-        WHERE v_inline
+        WHERE v_counting IS NOT NULL
         GROUP BY 1, 2
     )
 
@@ -293,9 +293,7 @@ BEGIN
         array_agg(d.due_at) FILTER (WHERE d.channel <> '')
     INTO v_deleted, v_queues, v_channels, v_dues
     FROM deleted AS d;
-    IF v_inline THEN
-        PERFORM @extschema@.dq__counted_inline();
-    END IF;
+    PERFORM @extschema@.dq__counted_inline(v_counting);
     IF v_queues IS NOT NULL THEN
         PERFORM @extschema@.dq__leases_ended(v_queues, v_channels, v_dues, v_now);
     END IF;

@@ -765,15 +765,19 @@ AS $$
 $$;
 
 -- Whether deleting messages of queue (NULL: of any queue) may have to be
--- recorded: it keeps history, or (NULL) some queue does. The acks count
--- their own deletes only when not (12_counts.sql): the trigger that records
--- also counts. As pgdq's owner (SECURITY DEFINER), so that it sees every
--- queue's setting whatever the caller may read of dq_queues.
+-- recorded: it keeps history, or (NULL) some queue does, or the caller may
+-- not read the queues' settings. The acks count their own deletes only
+-- when not (12_counts.sql): the trigger that records also counts. As the
+-- caller, who learns nothing it may not read; one probe of
+-- dq_queues_retained.
 CREATE FUNCTION dq__may_keep_history(queue text) RETURNS boolean
-LANGUAGE plpgsql STABLE SECURITY DEFINER
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF NOT has_table_privilege('@extschema@.dq_queues', 'SELECT') THEN
+        RETURN TRUE;
+    END IF;
     IF dq__may_keep_history.queue IS NULL THEN
         RETURN EXISTS (SELECT FROM @extschema@.dq_queues AS q WHERE q.retain IS NOT NULL);
     END IF;
