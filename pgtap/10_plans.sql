@@ -30,12 +30,23 @@ FROM generate_series(
 ) AS g (t);
 ANALYZE dq_messages;
 
--- shared blocks (hit + read) touched by one call, nested statements included
+-- shared blocks (hit + read) touched by one call, nested statements
+-- included: the fewer of two calls in a row, so that a one-off replan
+-- (catalog reads after an invalidation another session's DDL sent, as once
+-- on a busy CI machine: 895 blocks, then 4) is not taken for the plan's
+-- cost; a plan that reads the table reads it both times
 CREATE FUNCTION pg_temp.blocks(query text) RETURNS int LANGUAGE plpgsql AS $$
 DECLARE plan json;
+DECLARE fewest int;
 BEGIN
-    EXECUTE 'EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ' || query INTO plan;
-    RETURN (plan -> 0 -> 'Plan' ->> 'Shared Hit Blocks')::int + (plan -> 0 -> 'Plan' ->> 'Shared Read Blocks')::int;
+    FOR i IN 1..2 LOOP
+        EXECUTE 'EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ' || query INTO plan;
+        fewest := least(
+            fewest,
+            (plan -> 0 -> 'Plan' ->> 'Shared Hit Blocks')::int + (plan -> 0 -> 'Plan' ->> 'Shared Read Blocks')::int
+        );
+    END LOOP;
+    RETURN fewest;
 END $$;
 
 -- warm up: the first call in a session also reads the catalogs
