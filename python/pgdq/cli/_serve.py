@@ -73,6 +73,12 @@ ALLOWED_HOST = re.compile(r"([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
     help="open connections (long polls included) before new requests get 503",
 )
 @click.option(
+    "--group-commit/--no-group-commit",
+    default=True,
+    show_default=True,
+    help="send concurrent offers, polls and acks of a queue to the database together, each request answered alone",
+)
+@click.option(
     "--http",
     "parser",
     default="httptools",
@@ -94,6 +100,7 @@ def serve(
     statement_timeout: float,
     timeout_keep_alive: int,
     limit_concurrency: int,
+    group_commit: bool,
     parser: str,
 ) -> None:
     """Serve the queues over HTTP until SIGINT / SIGTERM: the dashboard at /, the JSON API under /v1
@@ -130,6 +137,7 @@ def serve(
         tokens=tokens,
         max_body=max_body,
         pool_size=pool_size,
+        group_commit=group_commit,
         allowed_hosts=allowed_hosts,
         docs=docs,
         statement_timeout=statement_timeout,

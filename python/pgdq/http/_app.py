@@ -32,6 +32,7 @@ from ._dashboard import router as dashboard_router
 from ._delay_queue import router as delay_queue_router
 from ._docs import router as docs_router
 from ._error_pages import failure
+from ._group_commit import GroupCommits
 from ._guard import BrowserGuard
 from ._metrics import HistoryMetrics, RequestMetrics
 from ._metrics import router as metrics_router
@@ -53,6 +54,7 @@ class Settings:
     tokens: list[Token] | None = None
     max_body: int = 1 << 20  # bytes of a request body
     pool_size: int = 10
+    group_commit: bool = True  # concurrent offers, polls and acks of a queue go as one statement (_group_commit)
     statement_timeout: float = 30.0  # seconds a statement may run (0: no limit); a long poll waits outside SQL
     allowed_hosts: tuple[str, ...] = ()  # Host names besides the served address (name or name:port), see _guard
     docs: bool = False  # Swagger UI at /docs (loaded from a CDN); /openapi.json is always served
@@ -204,6 +206,7 @@ def create_app(settings: Settings) -> FastAPI:
         wakeups = Wakeups(settings.dsn, settings.schema)
         wakeups.start()
         app.state.pool, app.state.wakeups = pool, wakeups
+        app.state.group_commits = GroupCommits(pool, settings.schema, batching=settings.group_commit)
         try:
             yield
         finally:
@@ -232,9 +235,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.request_metrics = RequestMetrics()
     app.state.history_metrics = HistoryMetrics()
     app.add_middleware(JsonOnFailure)  # innermost: what no handler answered is JSON 500 all the same
-    app.add_middleware(
-        TraceContext
-    )  # a request's traceparent, carried on by its offers: a request's traceparent, carried on by its offers
+    app.add_middleware(TraceContext)  # a request's traceparent, carried on by its offers
     app.add_middleware(CancelOnDisconnect)
     app.add_middleware(app.state.request_metrics.middleware)
     app.add_middleware(BodyLimit, max_body=settings.max_body)

@@ -15,7 +15,7 @@ from bisect import bisect_left
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from fastapi import APIRouter, Request, Response
@@ -27,6 +27,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .. import AsyncClient
 from ..model import DeadLetterStats, QueueStats
 from ._access import authorize
+
+if TYPE_CHECKING:
+    from ._group_commit import GroupCommits
 
 log = logging.getLogger("pgdq.http")
 
@@ -109,9 +112,11 @@ def _gauge(name: str, doc: str, samples: Iterable[tuple[str | None, float]]) -> 
     return lines
 
 
-def queue_text(stats: list[QueueStats], dead: list[DeadLetterStats], waiting: int, now: datetime) -> bytes:
+def queue_text(
+    stats: list[QueueStats], dead: list[DeadLetterStats], waiting: int, now: datetime, commits: GroupCommits
+) -> bytes:
     """Gauges of every queue's counts (dead letters too), its oldest ready message's age and its next
-    due time, and the waiting long polls, in the text format."""
+    due time, the waiting long polls and group commit's batches, in the text format."""
     counts = {
         "ready": "Messages due now (a message held back by its channel's limits counts)",
         "delayed": "Messages not leased and due later",
@@ -132,7 +137,22 @@ def queue_text(stats: list[QueueStats], dead: list[DeadLetterStats], waiting: in
     paused = ((s.queue, float(s.paused)) for s in stats if s.paused is not None)  # None: SQL before 1.2
     lines += _gauge("pgdq_queue_paused", "1 while the queue is paused (dq_pause), else 0", paused)
     lines += _gauge("pgdq_http_waiting_polls", "Long polls of this server process waiting now", [(None, waiting)])
+    lines += _gauge(
+        "pgdq_http_batch_waiting",
+        "Offers, polls and acks of this server process waiting for the statement of their kind and queue to end",
+        [(None, commits.waiting())],
+    )
+    lines += _counter(
+        "pgdq_http_batches", "Statements of this server process that answered more than one request", commits.batches
+    )
+    lines += _counter("pgdq_http_batched_requests", "The requests those statements answered", commits.batched)
     return "".join(lines).encode()
+
+
+def _counter(name: str, doc: str, value: float) -> list[str]:
+    """A counter family of one unlabelled sample in the text format, as prometheus_client writes it."""
+    sample = floatToGoString(value)  # type: ignore[no-untyped-call]
+    return [f"# HELP {name}_total {doc}\n", f"# TYPE {name}_total counter\n", f"{name}_total {sample}\n"]
 
 
 # --- history -----------------------------------------------------------------------------
@@ -447,6 +467,6 @@ async def metrics(request: Request) -> Response:
     stats, dead = await client.stats(), await client.dead_stats()
     async with app.state.pool.connection() as conn:
         history = await app.state.history_metrics.text(conn, app.state.settings.schema)
-    body = queue_text(stats, dead, app.state.wakeups.waiting(), datetime.now(UTC))
+    body = queue_text(stats, dead, app.state.wakeups.waiting(), datetime.now(UTC), app.state.group_commits)
     body += history + generate_latest(app.state.request_metrics.registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

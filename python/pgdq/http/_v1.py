@@ -120,14 +120,9 @@ def _at(at: datetime | None, delay: float | None) -> datetime | None:
 async def offer(request: Request, queue: QueueName, body: OfferIn) -> OfferOut:
     """Offer one message (dq_offer): created, updated or ignored."""
     authorize(request, "produce", queue)
-    outcome = await _queue(request, queue).offer(
-        body.key,
-        body.payload,
-        _at(body.at, body.delay),
-        can_update=body.can_update,
-        channel=body.channel,
-        priority=body.priority,
-    )
+    message = Message(body.key, body.payload, _at(body.at, body.delay), body.channel, body.priority)
+    (result,) = await request.app.state.group_commits.offer(queue, [message], body.can_update)
+    outcome = result.outcome
     return OfferOut(key=body.key, outcome=outcome.value)
 
 
@@ -139,7 +134,7 @@ async def offer_many(request: Request, queue: QueueName, body: OfferBatchIn) -> 
         raise ApiError(400, "messages: can_update must be the same for every message of a batch")
     batch = [Message(m.key, m.payload, _at(m.at, m.delay), m.channel, m.priority) for m in body.messages]
     can_update = body.messages[0].can_update if body.messages else True
-    results = await _queue(request, queue).offer_many(batch, can_update=can_update)
+    results = await request.app.state.group_commits.offer(queue, batch, can_update)
     return OfferBatchOut(results=[OfferOut(key=r.key, outcome=r.outcome.value) for r in results])
 
 
@@ -187,7 +182,7 @@ async def _poll_first(request: Request, names: Sequence[str], count: int, lease:
     for name in names:
         # a batch that was all dead-lettered (_answerable) says nothing of
         # the messages behind it: poll again until one answers or none is due
-        while polled := await _queue(request, name).poll_many(count, lease):
+        while polled := await request.app.state.group_commits.poll(name, count, lease):
             if deliveries := await _answerable(polled):
                 return deliveries
     return []
@@ -281,7 +276,7 @@ async def ack(request: Request, queue: QueueName, body: AckIn) -> AckOut:
     """Ack leased messages of queue by lock token (dq_ack_many); 409 if any token
     was stale or another queue's (the current ones are acked all the same)."""
     authorize(request, "consume", queue)
-    acked = await _queue(request, queue).ack_many(body.lock_tokens)
+    acked = await request.app.state.group_commits.ack(queue, body.lock_tokens)
     if acked < len(set(body.lock_tokens)):
         raise ApiError(409, f"stale lock tokens: {len(set(body.lock_tokens)) - acked}; {acked} acked")
     return AckOut(acked=acked)
