@@ -28,9 +28,28 @@ pytestmark = unsharded("holds a lock on dq_messages, which lives on the partitio
 
 @pytest.fixture(scope="module")
 def served(database: str) -> Iterator[Server]:
-    s = serve(database)
+    """A server whose requests wait for the statement in front of them as long as it runs."""
+    s = serve(database, "--group-commit-lag", "60")
     yield s
     s.stop()
+
+
+def test_a_statement_waiting_on_a_lock_holds_up_the_others_only_for_the_lag(
+    database: str, queue_name: str, q: Queue
+) -> None:
+    s = serve(database)  # the default lag, 5 ms
+    q.offer("held", 0)
+    offer = offering(s, queue_name)
+    try:
+        with psycopg.connect(owner(database, queue_name)) as holder, ThreadPoolExecutor(1) as thread:
+            holder.execute("SELECT 1 FROM dq_messages WHERE queue = %s AND key = 'held' FOR UPDATE", (queue_name,))
+            stuck = thread.submit(offer("held", 1))
+            wait_for(lambda: backends(database, "wait_event_type = 'Lock'") == 1, "the offer of the held key waiting")
+            assert offer("free", 2)().json() == {"key": "free", "outcome": "created"}  # while the other waits
+            holder.rollback()
+    finally:
+        s.stop()
+    assert stuck.result().json() == {"key": "held", "outcome": "updated"}
 
 
 def metric(server: Server, name: str) -> float:

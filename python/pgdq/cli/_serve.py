@@ -79,6 +79,13 @@ ALLOWED_HOST = re.compile(r"([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
     help="send concurrent offers, polls and acks of a queue to the database together, each request answered alone",
 )
 @click.option(
+    "--group-commit-lag",
+    default=0.005,
+    show_default=True,
+    type=click.FloatRange(0, 60),
+    help="seconds a request waits for the statement of its kind in front of it before it goes anyway",
+)
+@click.option(
     "--http",
     "parser",
     default="httptools",
@@ -101,6 +108,7 @@ def serve(
     timeout_keep_alive: int,
     limit_concurrency: int,
     group_commit: bool,
+    group_commit_lag: float,
     parser: str,
 ) -> None:
     """Serve the queues over HTTP until SIGINT / SIGTERM: the dashboard at /, the JSON API under /v1
@@ -138,6 +146,7 @@ def serve(
         max_body=max_body,
         pool_size=pool_size,
         group_commit=group_commit,
+        group_commit_lag=group_commit_lag,
         allowed_hosts=allowed_hosts,
         docs=docs,
         statement_timeout=statement_timeout,

@@ -55,6 +55,7 @@ class Settings:
     max_body: int = 1 << 20  # bytes of a request body
     pool_size: int = 10
     group_commit: bool = True  # concurrent offers, polls and acks of a queue go as one statement (_group_commit)
+    group_commit_lag: float = 0.005  # seconds they wait for a statement in front of them at most
     statement_timeout: float = 30.0  # seconds a statement may run (0: no limit); a long poll waits outside SQL
     allowed_hosts: tuple[str, ...] = ()  # Host names besides the served address (name or name:port), see _guard
     docs: bool = False  # Swagger UI at /docs (loaded from a CDN); /openapi.json is always served
@@ -206,7 +207,9 @@ def create_app(settings: Settings) -> FastAPI:
         wakeups = Wakeups(settings.dsn, settings.schema)
         wakeups.start()
         app.state.pool, app.state.wakeups = pool, wakeups
-        app.state.group_commits = GroupCommits(pool, settings.schema, batching=settings.group_commit)
+        app.state.group_commits = GroupCommits(
+            pool, settings.schema, batching=settings.group_commit, max_lag=settings.group_commit_lag
+        )
         try:
             yield
         finally:

@@ -1,10 +1,10 @@
 """Group commit for the service's hot routes: concurrent offers, polls and
 acks of one queue go to PostgreSQL together.
 
-A request that finds no batch of its kind running for its queue goes at
-once: an idle service adds no wait. Whatever arrives while a batch runs
-waits for it, then goes as the next batch: one dq_offer_many, dq_poll_many
-or dq_ack_many call, whose result is split so that each request gets its
+A request that finds no statement of its kind running for its queue goes
+at once: an idle service adds no wait. Whatever arrives while one runs
+waits for it to end (at most MAX_LAG), then goes as the next batch: one
+dq_offer_many, dq_poll_many or dq_ack_many call, whose result is split so that each request gets its
 own answer, exactly what it would have got alone. A batch that the database
 refuses runs again request by request, so one request's bad input is never
 its neighbours' error; a batch that could not reach the database fails each
@@ -35,6 +35,11 @@ A = TypeVar("A")  # its answer
 # The most messages one batch carries (offered, polled or acked): a request
 # bigger than this goes alone.
 BATCH_LIMIT = 1000
+# Seconds requests wait for the statement in front of them before they go
+# anyway, as a batch of their own (pgdq serve --group-commit-lag): statements
+# take about a millisecond, and one that waits on a lock (an offer of a key a
+# transaction holds) must not hold up every other request of its kind and queue.
+MAX_LAG = 0.005
 
 
 class GroupCommit(Generic[R, A]):
@@ -52,16 +57,19 @@ class GroupCommit(Generic[R, A]):
         unclaimed: Callable[[A], Awaitable[None]] | None = None,
         on_idle: Callable[[], None] | None = None,
         on_batch: Callable[[int], None] | None = None,
+        max_lag: float = 0.005,
     ) -> None:
         self._run_many, self._run_one, self._size = run_many, run_one, size
         self._unclaimed, self._on_idle, self._on_batch = unclaimed, on_idle, on_batch
+        self._max_lag = max_lag
         self._waiting: list[tuple[R, asyncio.Future[A]]] = []
-        self._busy = False  # a statement of this kind runs (a lone request's or a batch's)
+        self._running = 0  # statements of this kind running (a lone request's or a batch's)
+        self._timer: asyncio.TimerHandle | None = None  # starts the waiting batch if none ends by then
 
     @property
     def idle(self) -> bool:
         """True when no statement runs and no request waits."""
-        return not self._busy and not self._waiting
+        return not self._running and not self._waiting
 
     @property
     def waiting(self) -> int:
@@ -70,34 +78,52 @@ class GroupCommit(Generic[R, A]):
 
     async def submit(self, request: R) -> A:
         """request's answer (or error): alone and at once if no statement of
-        its kind runs, else from the batch that goes when that one is done."""
-        if self._busy:
+        its kind runs, else from the batch that goes when one ends (or after
+        max_lag, if none has: a statement waiting on a lock holds no one up longer)."""
+        if self._running:
             future: asyncio.Future[A] = asyncio.get_running_loop().create_future()
             self._waiting.append((request, future))
+            if self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(self._max_lag, self._start_batch)
             return await future
-        self._busy = True
+        self._running += 1
         try:
             # in the caller's own task: its client leaving cancels its statement, as without batching
             return await self._run_one(request)
         finally:
-            self._next()
+            self._ended()
 
-    def _next(self) -> None:
-        """After a statement: start the batch of what waits (in a task of its
-        own, in an empty context, so that no request's leaving cancels it), or go idle."""
+    def _ended(self) -> None:
+        """A statement ended: start the batch of what waits, or go idle."""
+        self._running -= 1
         if self._waiting:
-            asyncio.get_running_loop().create_task(self._run(), context=contextvars.Context())
-            return
-        self._busy = False
-        if self._on_idle is not None:
+            self._start_batch()
+        elif not self._running and self._on_idle is not None:
             self._on_idle()
 
-    async def _run(self) -> None:
-        """Answer the next batch of waiting requests, then go on with _next."""
+    def _start_batch(self) -> None:
+        """Run the waiting requests' next batch in a task of its own, in an
+        empty context, so that no request's leaving cancels it."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._waiting:
+            return
+        batch = self._next_batch()
+        self._running += 1
+        asyncio.get_running_loop().create_task(self._run(batch), context=contextvars.Context())
+
+    async def _run(self, batch: list[tuple[R, asyncio.Future[A]]]) -> None:
+        """Answer batch; whatever fails unforeseen still settles every request."""
         try:
-            await self._answer(self._next_batch())
+            await self._answer(batch)
+        except BaseException as e:
+            for _, future in batch:
+                if not future.done():
+                    future.cancel() if isinstance(e, asyncio.CancelledError) else future.set_exception(e)
+            raise
         finally:
-            self._next()
+            self._ended()
 
     def _next_batch(self) -> list[tuple[R, asyncio.Future[A]]]:
         """The waiting requests, oldest first, up to BATCH_LIMIT messages (at
@@ -199,8 +225,10 @@ class GroupCommits:
     must share (an offer's can_update, a poll's lease), made on first use and
     dropped when idle. batching False: every request goes alone (pgdq serve --no-group-commit)."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], schema: str | None, *, batching: bool = True) -> None:
-        self._pool, self._schema, self._batching = pool, schema, batching
+    def __init__(
+        self, pool: AsyncConnectionPool[Any], schema: str | None, *, batching: bool = True, max_lag: float = MAX_LAG
+    ) -> None:
+        self._pool, self._schema, self._batching, self._max_lag = pool, schema, batching, max_lag
         self._groups: dict[tuple[Any, ...], GroupCommit[Any, Any]] = {}
         self.batches = 0  # batches of more than one request run so far
         self.batched = 0  # the requests in them
@@ -220,7 +248,9 @@ class GroupCommits:
         """The group commit of key, made by make(on_idle=..., on_batch=...) if there is none."""
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = make(on_idle=lambda: self._drop(key), on_batch=self._counted)
+            group = self._groups[key] = make(
+                on_idle=lambda: self._drop(key), on_batch=self._counted, max_lag=self._max_lag
+            )
         return group
 
     def _drop(self, key: tuple[Any, ...]) -> None:
