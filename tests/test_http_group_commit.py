@@ -28,8 +28,8 @@ pytestmark = unsharded("holds a lock on dq_messages, which lives on the partitio
 
 @pytest.fixture(scope="module")
 def served(database: str) -> Iterator[Server]:
-    """A server whose requests wait for the statement in front of them as long as it runs."""
-    s = serve(database, "--group-commit-lag", "60")
+    """A server whose requests wait for the statement in front of them, and batches for locks, as long as they run."""
+    s = serve(database, "--group-commit-lag", "60", "--group-commit-lock-timeout", "60")
     yield s
     s.stop()
 
@@ -82,6 +82,31 @@ def offering(server: Server, queue: str) -> Any:
     """offer(key, payload): a callable that offers it to queue over HTTP, its response."""
     url = f"{server.url}/v1/queues/{queue}/messages"
     return lambda key, payload: lambda: httpx.post(url, json={"key": key, "payload": payload}, timeout=60)
+
+
+def test_a_key_held_by_a_transaction_holds_up_no_other_request_of_its_batch(
+    database: str, queue_name: str, q: Queue
+) -> None:
+    s = serve(database, "--group-commit-lag", "60", "--group-commit-lock-timeout", "0.2")
+    q.offer("held", 0)
+    offer = offering(s, queue_name)
+    try:
+        with (
+            ThreadPoolExecutor(3) as pool,
+            psycopg.connect(owner(database, queue_name)) as key_holder,
+        ):
+            key_holder.execute("SELECT 1 FROM dq_messages WHERE queue = %s AND key = 'held' FOR UPDATE", (queue_name,))
+            with first_waiting(database, queue_name, "SHARE", offer("first", 0)):
+                batch = [pool.submit(offer(k, 1)) for k in ("held", "free1", "free2")]
+                wait_for(lambda: metric(s, "pgdq_http_batch_waiting") == 3, "3 offers waiting for the first")
+            # the batch waits for "held" 0.2 s, is rolled back, and its requests run one by one
+            assert batch[1].result().json() == {"key": "free1", "outcome": "created"}
+            assert batch[2].result().json() == {"key": "free2", "outcome": "created"}
+            assert not batch[0].done()  # still waiting for the key, alone
+            key_holder.rollback()
+        assert batch[0].result().json() == {"key": "held", "outcome": "updated"}
+    finally:
+        s.stop()
 
 
 def test_offers_that_wait_go_as_one_statement_each_answered_as_alone(

@@ -86,6 +86,13 @@ ALLOWED_HOST = re.compile(r"([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
     help="seconds a request waits for the statement of its kind in front of it before it goes anyway",
 )
 @click.option(
+    "--group-commit-lock-timeout",
+    default=0.02,
+    show_default=True,
+    type=click.FloatRange(0.001, 3600),
+    help="seconds a batch's statement waits for a lock before its requests run one by one",
+)
+@click.option(
     "--http",
     "parser",
     default="httptools",
@@ -109,6 +116,7 @@ def serve(
     limit_concurrency: int,
     group_commit: bool,
     group_commit_lag: float,
+    group_commit_lock_timeout: float,
     parser: str,
 ) -> None:
     """Serve the queues over HTTP until SIGINT / SIGTERM: the dashboard at /, the JSON API under /v1
@@ -147,6 +155,7 @@ def serve(
         pool_size=pool_size,
         group_commit=group_commit,
         group_commit_lag=group_commit_lag,
+        group_commit_lock_timeout=group_commit_lock_timeout,
         allowed_hosts=allowed_hosts,
         docs=docs,
         statement_timeout=statement_timeout,

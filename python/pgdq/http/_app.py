@@ -56,6 +56,7 @@ class Settings:
     pool_size: int = 10
     group_commit: bool = True  # concurrent offers, polls and acks of a queue go as one statement (_group_commit)
     group_commit_lag: float = 0.005  # seconds they wait for a statement in front of them at most
+    group_commit_lock_timeout: float = 0.02  # seconds a batch waits for a lock, then runs request by request
     statement_timeout: float = 30.0  # seconds a statement may run (0: no limit); a long poll waits outside SQL
     allowed_hosts: tuple[str, ...] = ()  # Host names besides the served address (name or name:port), see _guard
     docs: bool = False  # Swagger UI at /docs (loaded from a CDN); /openapi.json is always served
@@ -208,12 +209,17 @@ def create_app(settings: Settings) -> FastAPI:
         wakeups.start()
         app.state.pool, app.state.wakeups = pool, wakeups
         app.state.group_commits = GroupCommits(
-            pool, settings.schema, batching=settings.group_commit, max_lag=settings.group_commit_lag
+            pool,
+            settings.schema,
+            batching=settings.group_commit,
+            max_lag=settings.group_commit_lag,
+            lock_timeout=settings.group_commit_lock_timeout,
         )
         try:
             yield
         finally:
             await wakeups.stop()
+            await app.state.group_commits.close()
             await pool.close()
 
     app = FastAPI(

@@ -14,17 +14,18 @@ of its requests with that error, as each alone would have failed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from uuid import UUID
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from .. import AsyncDelivery, AsyncQueue, _tracing
-from .._reconnect import is_transient
 from ..model import Message, OfferResult
 
 log = logging.getLogger("pgdq.http")
@@ -40,6 +41,13 @@ BATCH_LIMIT = 1000
 # take about a millisecond, and one that waits on a lock (an offer of a key a
 # transaction holds) must not hold up every other request of its kind and queue.
 MAX_LAG = 0.005
+# Seconds a batch's statement waits for a lock before it is rolled back and
+# its requests run one by one, each then waiting as it would alone (pgdq
+# serve --group-commit-lock-timeout): one request's key held by a transaction
+# holds up no other request of its batch.
+LOCK_TIMEOUT = 0.02
+# How many requests of a refused batch run at once.
+FALLBACK_CONCURRENCY = 4
 
 
 class GroupCommit(Generic[R, A]):
@@ -58,11 +66,13 @@ class GroupCommit(Generic[R, A]):
         on_idle: Callable[[], None] | None = None,
         on_batch: Callable[[int], None] | None = None,
         max_lag: float = 0.005,
+        tasks: set[asyncio.Task[None]] | None = None,
     ) -> None:
         self._run_many, self._run_one, self._size = run_many, run_one, size
         self._unclaimed, self._on_idle, self._on_batch = unclaimed, on_idle, on_batch
         self._max_lag = max_lag
         self._waiting: list[tuple[R, asyncio.Future[A]]] = []
+        self._tasks = set() if tasks is None else tasks  # batches and give-backs running (_spawn)
         self._running = 0  # statements of this kind running (a lone request's or a batch's)
         self._timer: asyncio.TimerHandle | None = None  # starts the waiting batch if none ends by then
 
@@ -102,8 +112,8 @@ class GroupCommit(Generic[R, A]):
             self._on_idle()
 
     def _start_batch(self) -> None:
-        """Run the waiting requests' next batch in a task of its own, in an
-        empty context, so that no request's leaving cancels it."""
+        """Run the waiting requests' next batch in a task of its own (see
+        _spawn); what is left past BATCH_LIMIT waits for the next end or lag."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -111,7 +121,16 @@ class GroupCommit(Generic[R, A]):
             return
         batch = self._next_batch()
         self._running += 1
-        asyncio.get_running_loop().create_task(self._run(batch), context=contextvars.Context())
+        self._spawn(self._run(batch))
+        if self._waiting:
+            self._timer = asyncio.get_running_loop().call_later(self._max_lag, self._start_batch)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run work in a task of its own, in an empty context, so that no
+        request's leaving cancels it; kept in tasks until done (GroupCommits.close waits for them)."""
+        task = asyncio.get_running_loop().create_task(work, context=contextvars.Context())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _run(self, batch: list[tuple[R, asyncio.Future[A]]]) -> None:
         """Answer batch; whatever fails unforeseen still settles every request."""
@@ -119,9 +138,10 @@ class GroupCommit(Generic[R, A]):
             await self._answer(batch)
         except BaseException as e:
             for _, future in batch:
-                if not future.done():
-                    future.cancel() if isinstance(e, asyncio.CancelledError) else future.set_exception(e)
-            raise
+                _settle(future, error=e)
+            if not isinstance(e, Exception):
+                raise
+            log.exception("a batch of %d requests failed", len(batch))
         finally:
             self._ended()
 
@@ -138,64 +158,90 @@ class GroupCommit(Generic[R, A]):
         return [(request, future) for request, future in batch if not future.done()]
 
     async def _answer(self, batch: list[tuple[R, asyncio.Future[A]]]) -> None:
-        """Run batch and settle each request's future."""
+        """Run batch and settle each request's future; the answers of those
+        that left go to unclaimed after every other request has its own."""
         if not batch:
             return
         if len(batch) == 1:
             await self._answer_alone(*batch[0])
             return
-        if self._on_batch is not None:
-            self._on_batch(len(batch))
         try:
             answers = await self._run_many([request for request, _ in batch])
         except Exception as e:
-            if _unreachable(e):  # each alone would have failed so
+            if not _rolled_back(e):  # it may have run, or none could: each alone would have failed so
                 for _, future in batch:
                     _settle(future, error=e)
                 return
             log.debug("a batch of %d requests was refused (%s): running them one by one", len(batch), e)
-            await asyncio.gather(*(self._answer_alone(request, future) for request, future in batch))
+            alone = asyncio.Semaphore(FALLBACK_CONCURRENCY)
+            await asyncio.gather(*(self._answer_alone(request, future, alone) for request, future in batch))
             return
-        for (_, future), answer in zip(batch, answers, strict=True):
-            await self._settle_or_return(future, answer)
+        if self._on_batch is not None:
+            self._on_batch(len(batch))
+        left = [answer for (_, future), answer in zip(batch, answers, strict=True) if not _answered(future, answer)]
+        if left and self._unclaimed is not None:
+            self._spawn(self._give_back(left))
 
-    async def _answer_alone(self, request: R, future: asyncio.Future[A]) -> None:
-        """Run request alone and settle its future."""
+    async def _answer_alone(
+        self, request: R, future: asyncio.Future[A], alone: asyncio.Semaphore | None = None
+    ) -> None:
+        """Run request alone (at most alone's count at once) and settle its future."""
         try:
-            answer = await self._run_one(request)
+            async with alone or contextlib.nullcontext():
+                answer = await self._run_one(request)
         except Exception as e:
             _settle(future, error=e)
             return
-        await self._settle_or_return(future, answer)
+        if not _answered(future, answer) and self._unclaimed is not None:
+            self._spawn(self._give_back([answer]))
 
-    async def _settle_or_return(self, future: asyncio.Future[A], answer: A) -> None:
-        """Give answer to future's request; if it left, hand answer to unclaimed."""
-        if not future.done():
-            future.set_result(answer)
-        elif self._unclaimed is not None:
+    async def _give_back(self, answers: list[A]) -> None:
+        """Hand the answers of requests that left to unclaimed."""
+        for answer in answers:
             try:
-                await self._unclaimed(answer)
+                await self._unclaimed(answer)  # type: ignore[misc]
             except Exception as e:  # the lease then ends by itself
                 log.warning("could not give back what a departed request was given: %s", e)
 
 
+def _answered(future: asyncio.Future[Any], answer: Any) -> bool:
+    """Give answer to future's request; False if it left."""
+    if future.done():
+        return False
+    future.set_result(answer)
+    return True
+
+
 def _settle(future: asyncio.Future[Any], *, error: BaseException) -> None:
-    """Fail future's request with error, unless it left."""
-    if not future.done():
+    """Fail future's request with error (cancel it for a cancellation), unless it left."""
+    if future.done():
+        return
+    if isinstance(error, asyncio.CancelledError):
+        future.cancel()
+    else:
         future.set_exception(error)
 
 
-def _unreachable(error: BaseException) -> bool:
-    """Whether error says the statement may not have run as sent (a lost
-    connection, a full pool, a cancelled statement): then no request runs again."""
-    return is_transient(error)  # QueryCanceled is an OperationalError
+def _rolled_back(error: BaseException) -> bool:
+    """Whether error says the batch's statement was refused or rolled back
+    whole, so that its requests may run again one by one: an error the
+    server gave (bad input, a lock not granted within LOCK_TIMEOUT, a
+    deadlock), one psycopg raised before sending (a NUL in a text), or an
+    ack batch short of a token. Not a lost connection, a full pool or a
+    statement timeout (it may have run; each alone would have failed too),
+    nor a fault of Python's after the statement."""
+    if isinstance(error, (_BatchShort, psycopg.DataError)):
+        return True
+    sqlstate = getattr(error, "sqlstate", None)
+    return sqlstate is not None and sqlstate != psycopg.errors.QueryCanceled.sqlstate
 
 
 @dataclass(frozen=True)
 class OfferRequest:
-    """The messages of one offer request (one or a batch), all or nothing."""
+    """The messages of one offer request, all or nothing: one (single, alone a dq_offer) or a batch."""
 
     messages: Sequence[Message]
+    single: bool
 
 
 @dataclass(frozen=True)
@@ -226,10 +272,18 @@ class GroupCommits:
     dropped when idle. batching False: every request goes alone (pgdq serve --no-group-commit)."""
 
     def __init__(
-        self, pool: AsyncConnectionPool[Any], schema: str | None, *, batching: bool = True, max_lag: float = MAX_LAG
+        self,
+        pool: AsyncConnectionPool[Any],
+        schema: str | None,
+        *,
+        batching: bool = True,
+        max_lag: float = MAX_LAG,
+        lock_timeout: float = LOCK_TIMEOUT,
     ) -> None:
         self._pool, self._schema, self._batching, self._max_lag = pool, schema, batching, max_lag
+        self._lock_timeout = f"{max(round(lock_timeout * 1000), 1)}ms"
         self._groups: dict[tuple[Any, ...], GroupCommit[Any, Any]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # every group's batches and give-backs running
         self.batches = 0  # batches of more than one request run so far
         self.batched = 0  # the requests in them
 
@@ -244,12 +298,25 @@ class GroupCommits:
     def _queue(self, name: str) -> AsyncQueue:
         return AsyncQueue(name, self._pool, schema=self._schema)
 
+    @contextlib.asynccontextmanager
+    async def _batch_transaction(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled connection in a transaction whose locks are waited for at most the lock timeout
+        (SET LOCAL: nothing outlives it, behind PgBouncer's transaction pooling too)."""
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute("SELECT pg_catalog.set_config('lock_timeout', %s, true)", (self._lock_timeout,))
+            yield conn
+
+    async def close(self) -> None:
+        """Wait for the batches and give-backs still running (before the pool closes)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks))
+
     def _group(self, key: tuple[Any, ...], make: Callable[..., GroupCommit[Any, Any]]) -> Any:
         """The group commit of key, made by make(on_idle=..., on_batch=...) if there is none."""
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = make(
-                on_idle=lambda: self._drop(key), on_batch=self._counted, max_lag=self._max_lag
+                on_idle=lambda: self._drop(key), on_batch=self._counted, max_lag=self._max_lag, tasks=self._tasks
             )
         return group
 
@@ -258,16 +325,21 @@ class GroupCommits:
         if group is not None and group.idle:
             del self._groups[key]
 
-    async def offer(self, queue: str, messages: Sequence[Message], can_update: bool) -> list[OfferResult]:
-        """Offer messages to queue (dq_offer_many, all or nothing), batched with concurrent offers."""
+    async def offer(
+        self, queue: str, messages: Sequence[Message], can_update: bool, *, single: bool = False
+    ) -> list[OfferResult]:
+        """Offer messages to queue (dq_offer_many, all or nothing; single: one message, dq_offer),
+        batched with concurrent offers."""
         q = self._queue(queue)
 
         async def many(requests: Sequence[OfferRequest]) -> list[list[OfferResult]]:
-            results = await q.offer_many([m for r in requests for m in r.messages], can_update=can_update)
+            async with self._batch_transaction() as conn:
+                messages = [m for r in requests for m in r.messages]
+                results = await q.offer_many(messages, can_update=can_update, conn=conn)
             return _split(results, [len(r.messages) for r in requests])
 
         async def one(request: OfferRequest) -> list[OfferResult]:
-            if len(request.messages) == 1:
+            if request.single:
                 m = request.messages[0]
                 outcome = await q.offer(
                     m.key, m.payload, m.scheduled_at, can_update=can_update, channel=m.channel, priority=m.priority
@@ -276,18 +348,19 @@ class GroupCommits:
             return await q.offer_many(request.messages, can_update=can_update)
 
         if not self._batching or _tracing.inject(None) is not None:  # traced: alone, in its own producer span
-            return await one(OfferRequest(messages))
+            return await one(OfferRequest(messages, single))
         group = self._group(
             ("offer", queue, can_update), lambda **hooks: GroupCommit(many, one, lambda r: len(r.messages), **hooks)
         )
-        return await group.submit(OfferRequest(messages))  # type: ignore[no-any-return]
+        return await group.submit(OfferRequest(messages, single))  # type: ignore[no-any-return]
 
     async def poll(self, queue: str, count: int, lease: float) -> list[AsyncDelivery]:
         """Up to count deliveries of queue (dq_poll_many), batched with concurrent polls of the same lease."""
         q = self._queue(queue)
 
         async def many(requests: Sequence[PollRequest]) -> list[list[AsyncDelivery]]:
-            deliveries = await q.poll_many(sum(r.count for r in requests), lease)
+            async with self._batch_transaction() as conn:
+                deliveries = await q.poll_many(sum(r.count for r in requests), lease, conn=conn)
             shares, start = [], 0
             for r in requests:  # the oldest request first
                 shares.append(deliveries[start : start + r.count])
@@ -301,8 +374,8 @@ class GroupCommits:
             return await one(PollRequest(count))
 
         async def give_back(deliveries: list[AsyncDelivery]) -> None:
-            for d in deliveries:  # due again now, as a consumer's nack leaves it
-                await q.nack(d.lock_token)
+            for d in deliveries:  # due again now, its attempt counted, its last error kept (dq_release)
+                await q.release(d.id)
 
         group = self._group(
             ("poll", queue, lease),
@@ -320,7 +393,7 @@ class GroupCommits:
             tokens = list({t: None for r in requests for t in r.tokens})
             if len(tokens) < sum(r.distinct for r in requests):  # a token in two requests: one of them is stale
                 raise _BatchShort
-            async with self._pool.connection() as conn, conn.transaction():
+            async with self._batch_transaction() as conn:
                 if await q.ack_many(tokens, conn=conn) < len(tokens):
                     raise _BatchShort
             return [r.distinct for r in requests]

@@ -121,7 +121,7 @@ async def offer(request: Request, queue: QueueName, body: OfferIn) -> OfferOut:
     """Offer one message (dq_offer): created, updated or ignored."""
     authorize(request, "produce", queue)
     message = Message(body.key, body.payload, _at(body.at, body.delay), body.channel, body.priority)
-    (result,) = await request.app.state.group_commits.offer(queue, [message], body.can_update)
+    (result,) = await request.app.state.group_commits.offer(queue, [message], body.can_update, single=True)
     outcome = result.outcome
     return OfferOut(key=body.key, outcome=outcome.value)
 
