@@ -65,7 +65,7 @@ class GroupCommit(Generic[R, A]):
         unclaimed: Callable[[A], Awaitable[None]] | None = None,
         on_idle: Callable[[], None] | None = None,
         on_batch: Callable[[int], None] | None = None,
-        max_lag: float = 0.005,
+        max_lag: float = MAX_LAG,
         tasks: set[asyncio.Task[None]] | None = None,
     ) -> None:
         self._run_many, self._run_one, self._size = run_many, run_one, size
