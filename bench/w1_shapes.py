@@ -15,6 +15,7 @@ is driven by one SQL statement a batch, its result rows fetched:
     min keyed unsorted  the same, rows in array order (batches that share keys could deadlock)
     min keyed hash      UNIQUE (queue, hash of the key) instead: not a design (collisions), a bound
     wide keyless/keyed  INSERT into a copy of dq_messages (its columns and indexes), no trigger
+    wide int keyless/keyed  the same with an integer queue id in place of the name (row and indexes)
     dq raw keyless/keyed  INSERT into dq_messages itself (its count trigger)
     pgdq send_many / pgdq offer_many   the functions
 
@@ -50,6 +51,23 @@ MIN_INSERT = (
     "INSERT INTO mini (queue, {key} payload, due_at) SELECT 7, {elem} e.p, now()"
     " FROM unnest({arrays}) AS e ({cols}) {order} RETURNING id"
 )
+# dq_messages with an integer queue id in place of the name, in the row and every index
+WIDE_INT_TABLE = [
+    "CREATE TABLE wideint (LIKE dq_messages INCLUDING DEFAULTS INCLUDING IDENTITY) WITH (fillfactor = 80)",
+    "ALTER TABLE wideint DROP COLUMN queue, ADD COLUMN queue int NOT NULL",
+    "ALTER TABLE wideint ADD PRIMARY KEY (id)",
+    "CREATE UNIQUE INDEX ON wideint (queue, key) WHERE key IS NOT NULL",
+    "CREATE INDEX ON wideint (queue, due_at, id) WITH (deduplicate_items = off) WHERE channel = '' AND priority = 0",
+    "CREATE INDEX ON wideint (queue, channel, priority DESC, due_at, id) WITH (deduplicate_items = off)"
+    " WHERE channel <> '' OR priority <> 0",
+    "CREATE INDEX ON wideint (queue, channel, due_at) WHERE lock_token IS NOT NULL AND channel <> ''",
+]
+# the same, the name kept in the row beside the id (row-level security policies name it)
+WIDE_ID_TABLE = [
+    WIDE_INT_TABLE[0].replace("wideint", "wideid"),
+    "ALTER TABLE wideid ADD COLUMN queue_id int NOT NULL",
+    *(s.replace("wideint", "wideid").replace("(queue,", "(queue_id,") for s in WIDE_INT_TABLE[2:]),
+]
 DQ_INSERT = (
     "INSERT INTO {name} (queue, {key} payload, scheduled_at, due_at, created_at)"
     " SELECT 'w1', {elem} e.p, now(), now(), now() FROM unnest({arrays}) AS e ({cols}) {order} RETURNING id"
@@ -77,6 +95,24 @@ TARGETS: dict[str, tuple[list[str], str]] = {
     ),
     "wide keyless": (["DROP TABLE IF EXISTS wide", WIDE_TABLE], DQ_INSERT.format(name="wide", **KEYLESS)),
     "wide keyed": (["DROP TABLE IF EXISTS wide", WIDE_TABLE], DQ_INSERT.format(name="wide", order=BY_KEY, **KEYED)),
+    "wide int keyless": (
+        ["DROP TABLE IF EXISTS wideint", *WIDE_INT_TABLE],
+        DQ_INSERT.format(name="wideint", **KEYLESS).replace("'w1'", "7"),
+    ),
+    "wide int keyed": (
+        ["DROP TABLE IF EXISTS wideint", *WIDE_INT_TABLE],
+        DQ_INSERT.format(name="wideint", order=BY_KEY, **KEYED).replace("'w1'", "7"),
+    ),
+    "wide id keyless": (
+        ["DROP TABLE IF EXISTS wideid", *WIDE_ID_TABLE],
+        DQ_INSERT.format(name="wideid", **KEYLESS).replace("(queue,", "(queue, queue_id,").replace("'w1',", "'w1', 7,"),
+    ),
+    "wide id keyed": (
+        ["DROP TABLE IF EXISTS wideid", *WIDE_ID_TABLE],
+        DQ_INSERT.format(name="wideid", order=BY_KEY, **KEYED)
+        .replace("(queue,", "(queue, queue_id,")
+        .replace("'w1',", "'w1', 7,"),
+    ),
     "dq raw keyless": (["TRUNCATE dq_messages"], DQ_INSERT.format(name="dq_messages", **KEYLESS)),
     "dq raw keyed": (["TRUNCATE dq_messages"], DQ_INSERT.format(name="dq_messages", order=BY_KEY, **KEYED)),
     "pgdq send_many": (["TRUNCATE dq_messages"], "SELECT * FROM dq_send_many('w1', %(p)s)"),

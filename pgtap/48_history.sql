@@ -2,7 +2,7 @@
 -- message that leaves a queue with retention on, with its outcome, kept for
 -- the queue's period; tallies behind the stats.
 BEGIN;
-SELECT plan(98);
+SELECT plan(101);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 -- off by default: nothing is recorded
@@ -46,6 +46,29 @@ SELECT results_eq(
     $$VALUES ('b'::text, 'acked'::text, NULL::text), ('c', 'acked', NULL), ('d', 'dead', 'given up')$$,
     'acked by dq_ack_many and dq_ack_poll, dead by dq_dead_letter with its error as the last error (1.3)'
 );
+-- 1.3: acks without a queue (dq_ack_many, dq_ack_poll) of a queue without
+-- retention count their own deletes while another queue keeps history: the
+-- trigger that records (and counts) runs for none of them
+SELECT dq_send_many('t_plain', array_fill('{}'::jsonb, ARRAY[3]));
+SET LOCAL track_functions = 'pl';
+CREATE TEMP TABLE trigger_calls AS
+SELECT coalesce(sum(calls), 0)::int AS calls
+FROM pg_stat_xact_user_functions
+WHERE funcname = 'dq__count_rows';
+SELECT is(dq_ack_many(array(SELECT lock_token FROM dq_poll_many('t_plain', 2))), 2, 'dq_ack_many of t_plain');
+SELECT is(
+    (SELECT count(*)::int FROM dq_ack_poll(array(SELECT lock_token FROM dq_poll_many('t_plain', 1)), 't_plain', 0)), 0,
+    'dq_ack_poll of t_plain'
+);
+SELECT is(
+    (
+        SELECT coalesce(sum(f.calls), 0)::int
+        FROM pg_stat_xact_user_functions AS f
+        WHERE f.funcname = 'dq__count_rows'
+    ) - (SELECT t.calls FROM trigger_calls AS t),
+    0, 'acks without a queue of a queue without retention count themselves while t_hist keeps history (1.3)'
+);
+RESET track_functions;
 SELECT dq_offer('t_hist', 'e', '5');
 SELECT dq_cancel('t_hist', 'e');
 SELECT dq_cancel_id('t_hist', dq_send('t_hist', '6'));

@@ -220,7 +220,8 @@ class _AsyncBase:
         async with self._connection(conn) as c:
             try:
                 cur = c.cursor()
-                tolerate_unreadable_json(cur)  # one unreadable value fails its own message, never the read
+                if method in st.READS_JSON:  # one unreadable value fails its own message, never the read
+                    tolerate_unreadable_json(cur)
                 await cur.execute(self._sql[method], params)
                 return await cur.fetchall()
             except psycopg.Error as e:

@@ -120,6 +120,14 @@ _TEMPLATES: dict[str, str] = {
     " r.created_at, r.attempts, r.error, r.failed_at FROM {fn}(%s::text, %s::bigint, %s::bigint) AS r",
 }
 
+# The methods whose rows may carry JSON values (payload, state, headers):
+# those returning whole rows ("SELECT * FROM"). The others return a scalar,
+# an outcome, an id or JSON as text, so their reads need no tolerance of
+# JSON that Python cannot read (codec.tolerate_unreadable_json: a copy of the
+# cursor's adapters, a few microseconds a call). tests/test_statements.py
+# checks this against the server's description of every statement.
+READS_JSON = frozenset(method for method, template in _TEMPLATES.items() if template.startswith("SELECT * FROM"))
+
 # The snapshot a reader exports for others to read in (pgdq.spark).
 EXPORT_SNAPSHOT = b"SELECT pg_catalog.pg_export_snapshot()"
 

@@ -167,7 +167,10 @@ BEGIN
     IF dq_ack.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_ack.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_ack.queue);
     END IF;
-    IF NOT @extschema@.dq__may_keep_history(dq_ack.queue) THEN
+    -- (without queue, the token's queue is known only once the row is deleted)
+    IF NOT @extschema@.dq__may_keep_history(
+        CASE WHEN dq_ack.queue IS NOT NULL THEN ARRAY[dq_ack.queue] END
+    ) THEN
         v_counting := @extschema@.dq__counting_inline();
     END IF;
     WITH acked AS (
@@ -243,6 +246,7 @@ AS $$
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
     v_rows tid[];
+    v_locked_queues text[];  -- the queues of the rows locked
     v_deleted integer;
     v_queues text[];
     v_channels text[];
@@ -255,22 +259,26 @@ BEGIN
     -- Rows are locked in (queue, key) order, the order dq_offer_many locks
     -- in, so a batch ack and a batch offer never deadlock (keyless messages,
     -- which no offer locks, last, by id).
-    v_rows := ARRAY(
-        SELECT m.ctid
+    SELECT coalesce(array_agg(l.row_at), '{}'), coalesce(array_agg(DISTINCT l.queue), '{}')
+    INTO v_rows, v_locked_queues
+    FROM (
+        SELECT m.ctid AS row_at, m.queue
         FROM @extschema@.dq_messages AS m
         INNER JOIN unnest(lock_tokens) AS t (token)
             ON m.id = @extschema@.dq__token_id(t.token) AND m.lock_token = t.token
         WHERE dq_ack_many.queue IS NULL OR m.queue = dq_ack_many.queue
         ORDER BY m.queue, m.key, m.id
         FOR UPDATE OF m
-    );
+    ) AS l;
     -- Locked by this transaction, the rows are still at those addresses
     -- (ctid): one heap fetch each instead of a second primary key lookup.
     -- (A separate statement: its snapshot sees the versions just locked.)
     -- Leased messages leave their lease ends' bins (12_counts.sql): here,
-    -- unless a queue may keep history (asked after the locks, which may have
-    -- waited for a dq_retain), whose records the trigger writes.
-    IF NOT @extschema@.dq__may_keep_history(dq_ack_many.queue) THEN
+    -- unless one of the locked rows' queues may keep history (asked after the
+    -- locks, which may have waited for a dq_retain), whose records the
+    -- trigger writes: so dq_ack_poll and acks without queue count their own
+    -- too while other queues keep history (1.3).
+    IF NOT @extschema@.dq__may_keep_history(v_locked_queues) THEN
         v_counting := @extschema@.dq__counting_inline();
     END IF;
     WITH deleted AS (

@@ -764,13 +764,13 @@ AS $$
     WHERE o.outcome OPERATOR(pg_catalog.=) ANY (ARRAY['acked', 'dead', 'cancelled', 'purged'])
 $$;
 
--- Whether deleting messages of queue (NULL: of any queue) may have to be
--- recorded: it keeps history, or (NULL) some queue does, or the caller may
--- not read the queues' settings. The acks count their own deletes only
--- when not (12_counts.sql): the trigger that records also counts. As the
--- caller, who learns nothing it may not read; one probe of
--- dq_queues_retained.
-CREATE FUNCTION dq__may_keep_history(queue text) RETURNS boolean
+-- Whether deleting messages of queues (NULL: of any queue) may have to be
+-- recorded: one of them keeps history, or (NULL) some queue does, or the
+-- caller may not read the queues' settings. The acks count their own deletes
+-- only when not (12_counts.sql): the trigger that records also counts. As
+-- the caller, who learns nothing it may not read; a probe of
+-- dq_queues_retained per queue (NULL: one).
+CREATE FUNCTION dq__may_keep_history(queues text[]) RETURNS boolean
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -778,12 +778,12 @@ BEGIN
     IF NOT has_table_privilege('@extschema@.dq_queues', 'SELECT') THEN
         RETURN TRUE;
     END IF;
-    IF dq__may_keep_history.queue IS NULL THEN
+    IF dq__may_keep_history.queues IS NULL THEN
         RETURN EXISTS (SELECT FROM @extschema@.dq_queues AS q WHERE q.retain IS NOT NULL);
     END IF;
     RETURN EXISTS (
         SELECT FROM @extschema@.dq_queues AS q
-        WHERE q.queue = dq__may_keep_history.queue AND q.retain IS NOT NULL
+        WHERE q.queue = ANY (dq__may_keep_history.queues) AND q.retain IS NOT NULL
     );
 END
 $$;
