@@ -5,9 +5,9 @@ W9's four routes (offer, batch offer, poll, ack: bench/over_http.py's
 `_http_jobs`) with one pooled statement each and nothing else: no checks,
 no authorization, no limits, no metrics, no group commit; a poll of more
 than one message answers PostgreSQL's JSON as it comes. What it reaches
-against the same jobs through SQL bounds what any Python server sharing the
-machine's cores with its clients and PostgreSQL can reach
-(bench/RESULTS.md, "W9's floor").
+against the same jobs through SQL is about the most a Python server of this
+kind (uvicorn, psycopg) sharing the machine's cores with its clients and
+PostgreSQL can reach (bench/RESULTS.md, "W9's floor").
 
     PGDQ_FLOOR_DSN="host=... dbname=..." .venv/bin/uvicorn --app-dir bench \\
         w9_floor:app --http httptools --port 18091 --log-level warning

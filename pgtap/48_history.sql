@@ -2,7 +2,7 @@
 -- message that leaves a queue with retention on, with its outcome, kept for
 -- the queue's period; tallies behind the stats.
 BEGIN;
-SELECT plan(101);
+SELECT plan(107);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 -- off by default: nothing is recorded
@@ -51,24 +51,80 @@ SELECT results_eq(
 -- trigger that records (and counts) runs for none of them
 SELECT dq_send_many('t_plain', array_fill('{}'::jsonb, ARRAY[3]));
 SET LOCAL track_functions = 'pl';
-CREATE TEMP TABLE trigger_calls AS
-SELECT coalesce(sum(calls), 0)::int AS calls
-FROM pg_stat_xact_user_functions
-WHERE funcname = 'dq__count_rows';
+-- how many times this transaction ran the count trigger's function
+CREATE FUNCTION pg_temp.trigger_runs() RETURNS int LANGUAGE sql AS $$
+    SELECT coalesce(sum(f.calls), 0)::int
+    FROM pg_stat_xact_user_functions AS f
+    WHERE f.funcname = 'dq__count_rows'
+$$;
+CREATE TEMP TABLE trigger_calls AS SELECT pg_temp.trigger_runs() AS calls;
 SELECT is(dq_ack_many(array(SELECT lock_token FROM dq_poll_many('t_plain', 2))), 2, 'dq_ack_many of t_plain');
 SELECT is(
     (SELECT count(*)::int FROM dq_ack_poll(array(SELECT lock_token FROM dq_poll_many('t_plain', 1)), 't_plain', 0)), 0,
     'dq_ack_poll of t_plain'
 );
 SELECT is(
-    (
-        SELECT coalesce(sum(f.calls), 0)::int
-        FROM pg_stat_xact_user_functions AS f
-        WHERE f.funcname = 'dq__count_rows'
-    ) - (SELECT t.calls FROM trigger_calls AS t),
+    pg_temp.trigger_runs() - (SELECT t.calls FROM trigger_calls AS t),
     0, 'acks without a queue of a queue without retention count themselves while t_hist keeps history (1.3)'
 );
+-- a batch of two queues, one keeping history: the trigger runs once, for the whole statement,
+-- recording t_hist2's message and not t_plain's, and counting both
+SELECT dq_retain('t_hist2', '1 day');
+SELECT dq_send('t_plain', '{}');
+SELECT dq_offer('t_hist2', 'mixed', '{}');
+CREATE TEMP TABLE mixed AS
+SELECT p.lock_token FROM dq_poll_many('t_plain', 1) AS p
+UNION ALL
+SELECT h.lock_token FROM dq_poll_many('t_hist2', 1) AS h;
+UPDATE trigger_calls SET calls = pg_temp.trigger_runs();
+SELECT is(dq_ack_many(array(SELECT m.lock_token FROM mixed AS m)), 2, 'dq_ack_many of t_plain and t_hist');
+SELECT is(
+    pg_temp.trigger_runs() - (SELECT t.calls FROM trigger_calls AS t),
+    1, 'a batch with a message of a queue keeping history goes through the trigger'
+);
+SELECT results_eq(
+    $$SELECT queue, key, outcome FROM dq_history('t_hist2') WHERE key = 'mixed'
+      UNION ALL SELECT queue, key, outcome FROM dq_history('t_plain')$$,
+    $$VALUES ('t_hist2'::text, 'mixed'::text, 'acked'::text)$$,
+    'which records the message of t_hist2, not that of t_plain'
+);
+SELECT ok(
+    array(
+        SELECT row(c.*)::text FROM dq__counted_stats(dq_now()) AS c
+        ORDER BY c.queue
+    ) = array(
+        SELECT row(s.*)::text FROM dq__scanned_stats(dq_now()) AS s
+        ORDER BY s.queue
+    ),
+    'and the counts agree with the messages, counted by the function or by the trigger'
+);
 RESET track_functions;
+-- a caller under row-level security on dq_queues, which could hide a
+-- queue's retention, leaves its acks to the trigger, which records (1.3)
+SELECT dq_offer('t_hist2', 'hidden', '{}');
+CREATE TEMP TABLE hidden AS SELECT h.lock_token FROM dq_poll_many('t_hist2', 1) AS h;
+CREATE ROLE t_hist_acker;
+GRANT SELECT, UPDATE, DELETE ON dq_messages TO t_hist_acker;
+GRANT SELECT ON dq_queues, hidden TO t_hist_acker;
+GRANT INSERT ON dq_counts TO t_hist_acker;
+ALTER TABLE dq_queues ENABLE ROW LEVEL SECURITY;
+CREATE POLICY t_hist_hidden ON dq_queues TO t_hist_acker USING (queue <> 't_hist2');
+SET LOCAL ROLE t_hist_acker;
+SELECT is(
+    dq_ack_many(array(SELECT h.lock_token FROM hidden AS h)), 1,
+    'a role that cannot see t_hist2''s settings acks its message'
+);
+RESET ROLE;
+SELECT is(
+    (SELECT count(*)::int FROM dq_history('t_hist2', 'hidden')), 1,
+    'and the trigger records it'
+);
+ALTER TABLE dq_queues DISABLE ROW LEVEL SECURITY;
+-- the tests below read every queue's records: t_hist2's go
+DELETE FROM dq_history
+WHERE queue = 't_hist2';
+DELETE FROM dq_history_deltas
+WHERE queue = 't_hist2';
 SELECT dq_offer('t_hist', 'e', '5');
 SELECT dq_cancel('t_hist', 'e');
 SELECT dq_cancel_id('t_hist', dq_send('t_hist', '6'));

@@ -1887,10 +1887,11 @@ BEGIN
     -- (ctid): one heap fetch each instead of a second primary key lookup.
     -- (A separate statement: its snapshot sees the versions just locked.)
     -- Leased messages leave their lease ends' bins (12_counts.sql): here,
-    -- unless one of the locked rows' queues may keep history (asked after the
-    -- locks, which may have waited for a dq_retain), whose records the
-    -- trigger writes: so dq_ack_poll and acks without queue count their own
-    -- too while other queues keep history (1.3).
+    -- unless one of the locked rows' queues may keep history, whose records
+    -- the trigger writes (asked after the locks: a transaction that turned
+    -- retention on while holding one of these rows has committed by then);
+    -- so dq_ack_poll and acks without queue count their own too while other
+    -- queues keep history (1.3).
     IF NOT @extschema@.dq__may_keep_history(v_locked_queues) THEN
         v_counting := @extschema@.dq__counting_inline();
     END IF;
@@ -5068,16 +5069,18 @@ $$;
 
 -- Whether deleting messages of queues (NULL: of any queue) may have to be
 -- recorded: one of them keeps history, or (NULL) some queue does, or the
--- caller may not read the queues' settings. The acks count their own deletes
--- only when not (12_counts.sql): the trigger that records also counts. As
--- the caller, who learns nothing it may not read; a probe of
--- dq_queues_retained per queue (NULL: one).
+-- caller may not read every queue's settings (no SELECT on dq_queues, or
+-- row-level security on it that could hide a queue's retention). The acks
+-- count their own deletes only when not (12_counts.sql): the trigger that
+-- records also counts. As the caller, who learns nothing it may not read; a
+-- probe of dq_queues_retained per queue (NULL: one).
 CREATE OR REPLACE FUNCTION dq__may_keep_history(queues text[]) RETURNS boolean
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF NOT has_table_privilege('@extschema@.dq_queues', 'SELECT') THEN
+    IF NOT has_table_privilege('@extschema@.dq_queues', 'SELECT')
+        OR row_security_active('@extschema@.dq_queues'::regclass) THEN
         RETURN TRUE;
     END IF;
     IF dq__may_keep_history.queues IS NULL THEN

@@ -274,10 +274,11 @@ BEGIN
     -- (ctid): one heap fetch each instead of a second primary key lookup.
     -- (A separate statement: its snapshot sees the versions just locked.)
     -- Leased messages leave their lease ends' bins (12_counts.sql): here,
-    -- unless one of the locked rows' queues may keep history (asked after the
-    -- locks, which may have waited for a dq_retain), whose records the
-    -- trigger writes: so dq_ack_poll and acks without queue count their own
-    -- too while other queues keep history (1.3).
+    -- unless one of the locked rows' queues may keep history, whose records
+    -- the trigger writes (asked after the locks: a transaction that turned
+    -- retention on while holding one of these rows has committed by then);
+    -- so dq_ack_poll and acks without queue count their own too while other
+    -- queues keep history (1.3).
     IF NOT @extschema@.dq__may_keep_history(v_locked_queues) THEN
         v_counting := @extschema@.dq__counting_inline();
     END IF;

@@ -766,16 +766,18 @@ $$;
 
 -- Whether deleting messages of queues (NULL: of any queue) may have to be
 -- recorded: one of them keeps history, or (NULL) some queue does, or the
--- caller may not read the queues' settings. The acks count their own deletes
--- only when not (12_counts.sql): the trigger that records also counts. As
--- the caller, who learns nothing it may not read; a probe of
--- dq_queues_retained per queue (NULL: one).
+-- caller may not read every queue's settings (no SELECT on dq_queues, or
+-- row-level security on it that could hide a queue's retention). The acks
+-- count their own deletes only when not (12_counts.sql): the trigger that
+-- records also counts. As the caller, who learns nothing it may not read; a
+-- probe of dq_queues_retained per queue (NULL: one).
 CREATE FUNCTION dq__may_keep_history(queues text[]) RETURNS boolean
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF NOT has_table_privilege('@extschema@.dq_queues', 'SELECT') THEN
+    IF NOT has_table_privilege('@extschema@.dq_queues', 'SELECT')
+        OR row_security_active('@extschema@.dq_queues'::regclass) THEN
         RETURN TRUE;
     END IF;
     IF dq__may_keep_history.queues IS NULL THEN
