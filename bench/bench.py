@@ -146,7 +146,7 @@ async def drain_singles(system: System, h: Any, i: int) -> int:
 
 
 # the rows of pgdq's own SQL that W4-W6 measure (with the Python Queue)
-PGDQ_VERSIONS = ("pgdq", "pgdq before channels")
+PGDQ_VERSIONS = ("pgdq", "pgdq 1.1.0", "pgdq before channels")
 
 
 def w1_enqueue(system: System) -> dict[str, float]:
@@ -467,7 +467,7 @@ def fmt(measure: str, value: float | None) -> str:
 
 # each way of calling pgdq, keyed and keyless, and what it is measured against
 RATIOS = (
-    *(("pgdq", base) for base in ("raw SQL", "PGMQ", "pgdq before channels")),
+    *(("pgdq", base) for base in ("raw SQL", "PGMQ", "pgdq 1.1.0", "pgdq before channels")),
     *(("pgdq SQL", base) for base in ("raw SQL", "PGMQ", "pgdq before channels", "pgdq SQL by triggers")),
     *(("pgdq keyless", base) for base in ("raw SQL keyless", "PGMQ")),
     *(("pgdq SQL keyless", base) for base in ("raw SQL keyless", "PGMQ", "pgdq SQL keyless by triggers")),

@@ -235,14 +235,17 @@ class PgdqOlderSql(Pgdq):
 
 
 class PgdqReleased(PgdqOlderSql):
-    """pgdq 1.0.0's SQL as released, through today's wrapper: what each change
-    since the first release bought (or cost), in the same run."""
+    """A released version's SQL (sql/pgdq--VERSION.sql) through today's
+    wrapper: what each change since it bought (or cost), in the same run.
+    1.1.0 is what issue 39's W5 target compares with."""
 
-    name = "pgdq 1.0.0"
+    def __init__(self, version: str) -> None:
+        self.version = version
+        self.name = f"pgdq {version}"
 
     def setup(self, conninfo: str) -> None:
         with psycopg.connect(conninfo, autocommit=True) as conn, conn.transaction():
-            conn.execute(released_install_script("1.0.0").encode())
+            conn.execute(released_install_script(self.version).encode())
 
 
 BEFORE_CHANNELS = Path(__file__).resolve().parent / "baselines/pgdq-1.1-before-channels.sql"
@@ -596,7 +599,8 @@ SYSTEMS: dict[str, System] = {
         PgdqBeforeChannels(),
         PgdqSqlByTriggers(),
         PgdqSqlKeylessByTriggers(),
-        PgdqReleased(),
+        PgdqReleased("1.0.0"),
+        PgdqReleased("1.1.0"),
         Pgmq(),
         PgQueuer(),
         Procrastinate(),

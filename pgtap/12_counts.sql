@@ -4,7 +4,7 @@
 -- pinned before folded bins, a role without the right to read them and a
 -- role under row-level security read the messages instead.
 BEGIN;
-SELECT plan(56);
+SELECT plan(58);
 
 -- This file alters dq_messages (row-level security, a trigger, TRUNCATE)
 -- after writing to it. Its strongest lock, taken before any write, keeps
@@ -199,6 +199,22 @@ SELECT dq_send('t_counts_g', '1');
 SELECT count(*) FROM dq_send_many('t_counts_g', array_fill('1'::jsonb, ARRAY[2]));
 SELECT ok(pg_temp.counts_agree(), 'a user''s BEFORE trigger sending inside a send: counted once each');
 DROP TRIGGER t_audit_sent ON dq_messages;
+-- the marks are a stack (dq__counting_inline): each counting call pops its
+-- own, leaving a mark it found (here one of depth 5, as a call nested in a
+-- trigger would find its caller's) as it was, so that a direct write after
+-- them in the same transaction is counted by the triggers
+SELECT set_config('dq.counted', ',5', TRUE);
+SELECT dq_send('t_counts_g', '1');
+SELECT count(*) FROM dq_send_many('t_counts_g', array_fill('1'::jsonb, ARRAY[2]));
+SELECT dq_offer('t_counts_g', 'marked', '1');
+SELECT count(*) FROM dq_offer_many('t_counts_g', ARRAY['marked2'], ARRAY['1'::jsonb]);
+SELECT dq_ack(p.lock_token) FROM dq_poll('t_counts_g') AS p;
+SELECT dq_ack_many(array(SELECT p.lock_token FROM dq_poll_many('t_counts_g', 2) AS p));
+SELECT is(current_setting('dq.counted'), ',5', 'every counting call pops its own mark, and only its own');
+SELECT set_config('dq.counted', '', TRUE);
+INSERT INTO dq_messages (queue, payload, scheduled_at, due_at, created_at)
+VALUES ('t_counts_g', '1', now(), now(), now());
+SELECT ok(pg_temp.counts_agree(), 'a direct insert after them is counted');
 SELECT throws_ok(
     $$INSERT INTO dq_counts VALUES ('t_counts', now(), FALSE, 9223372036854775807)$$,
     '23514', NULL, 'a count row beyond 2^32 is refused (a fold of false rows cannot overflow)'

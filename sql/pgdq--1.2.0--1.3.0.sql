@@ -110,54 +110,6 @@ AS $$
     SELECT pg_catalog.date_bin(@extschema@.dq__due_bin_width(), due_at, '2000-01-01 00:00+00');
 $$;
 
--- Mark the next statement as counting its own rows, or with inserts_only
--- only the rows it inserts (an upsert, whose updates the trigger counts):
--- dq.counted holds the trigger depth (pg_trigger_depth()) of the one
--- statement that does, followed by 'i' for inserts only, set just before
--- it and restored after (dq__counted_inline), and the count triggers skip
--- a statement at that depth (their WHEN clauses, below), so that writes
--- nested deeper (a user's trigger writing messages, or calling pgdq) are
--- still counted by them. Local to the transaction: an error undoes it.
--- The setting's value before, to restore; NULL, marking nothing, when
--- row-level security on dq_messages applies to the caller: a tenant adds
--- no count of its own (the policy below refuses it), the triggers count
--- its writes as pgdq's owner.
-CREATE OR REPLACE FUNCTION dq__counting_inline(inserts_only boolean DEFAULT FALSE) RETURNS text
-LANGUAGE plpgsql VOLATILE
-AS $$
-DECLARE
-    v_before text := coalesce(pg_catalog.current_setting('dq.counted', TRUE), '');
-BEGIN
-    IF pg_catalog.row_security_active('@extschema@.dq_messages'::pg_catalog.regclass) THEN
-        RETURN NULL;
-    END IF;
-    PERFORM pg_catalog.set_config(
-        'dq.counted',
-        pg_catalog.pg_trigger_depth()::pg_catalog.text
-        OPERATOR(pg_catalog.||) CASE WHEN inserts_only THEN 'i' ELSE '' END,
-        TRUE
-    );
-    RETURN v_before;
-END
-$$;
-
--- After the statement that counted its own rows: put dq.counted back as it
--- was before (dq__counting_inline's value; NULL: nothing was marked), and
--- now and then fold the counts (dq__time_to_fold).
-CREATE OR REPLACE FUNCTION dq__counted_inline(marked_from text) RETURNS void
-LANGUAGE plpgsql VOLATILE
-AS $$
-BEGIN
-    IF marked_from IS NULL THEN
-        RETURN;
-    END IF;
-    PERFORM pg_catalog.set_config('dq.counted', marked_from, TRUE);
-    IF @extschema@.dq__time_to_fold() THEN
-        PERFORM @extschema@.dq__fold_counts();
-    END IF;
-END
-$$;
-
 -- Whether a writer should fold the counts now (dq__fold_counts): one
 -- statement in 4,096. A fold in REPEATABLE READ or SERIALIZABLE could fail
 -- on a row that a concurrent fold took: writers there never fold. (A SQL
@@ -205,6 +157,57 @@ AS $$
     FROM binned AS b
     GROUP BY 1, 2, 3
     HAVING sum(b.n) <> 0;
+$$;
+
+-- Mark the next statement as counting its own rows, or with inserts_only
+-- only the rows it inserts (an upsert, whose updates the trigger counts):
+-- dq.counted holds a stack of marks, each a comma, the trigger depth
+-- (pg_trigger_depth()) of a statement that counts its own rows and 'i' for
+-- inserts only; pushed just before the statement, popped just after
+-- (dq__counted_inline). The count triggers skip a statement whose depth is
+-- the last mark (their WHEN clauses, below), so that writes nested deeper
+-- (a user's trigger writing messages, or calling pgdq) are still counted by
+-- them. Local to the transaction: an error undoes it. True when marked;
+-- false, marking nothing, when row-level security on dq_messages applies to
+-- the caller: a tenant adds no count of its own (the policy below refuses
+-- it), the triggers count its writes as pgdq's owner. (A SQL expression, as
+-- dq__counted_inline: it inlines into its callers' assignments, which then
+-- cost no function call; as plpgsql functions the two were a tenth of a
+-- single poll.)
+CREATE OR REPLACE FUNCTION dq__counting_inline(inserts_only boolean DEFAULT FALSE) RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT CASE
+        WHEN pg_catalog.row_security_active('@extschema@.dq_messages'::pg_catalog.regclass) THEN FALSE
+        ELSE pg_catalog.set_config(
+            'dq.counted',
+            coalesce(pg_catalog.current_setting('dq.counted', TRUE), '') OPERATOR(pg_catalog.||) ','
+            OPERATOR(pg_catalog.||) pg_catalog.pg_trigger_depth()::pg_catalog.text
+            OPERATOR(pg_catalog.||) CASE WHEN inserts_only THEN 'i' ELSE '' END,
+            TRUE
+        ) IS NOT NULL
+    END;
+$$;
+
+-- After the statement that counted its own rows (marked: what
+-- dq__counting_inline returned): pop its mark, and now and then fold the
+-- counts (dq__time_to_fold). False: nothing is marked any more.
+CREATE OR REPLACE FUNCTION dq__counted_inline(marked boolean) RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT CASE
+        WHEN marked IS NOT TRUE THEN FALSE
+        -- set_config never returns NULL: this pops the mark and goes on
+        WHEN pg_catalog.set_config(
+            'dq.counted',
+            pg_catalog.regexp_replace(pg_catalog.current_setting('dq.counted'), ',[^,]*$', ''),
+            TRUE
+        ) IS NULL THEN FALSE
+        -- now and then a fold; num_nulls is never negative: false
+        ELSE pg_catalog.num_nulls(
+            CASE WHEN @extschema@.dq__time_to_fold() THEN @extschema@.dq__fold_counts() END
+        ) OPERATOR(pg_catalog.<) 0
+    END;
 $$;
 
 -- Whether a trigger call is one of pgdq's own count triggers: AFTER, FOR
@@ -800,7 +803,7 @@ DECLARE
     v_channel text := coalesce(dq_offer.channel, '');
     v_priority integer := coalesce(dq_offer.priority, 0);
     v_inserted boolean;
-    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts
+    v_counting boolean := FALSE;  -- dq__counting_inline's: false, the trigger counts
 BEGIN
     -- one cheap test on the hot path; the checks say what is wrong
     IF NOT @extschema@.dq__valid_queue(dq_offer.queue)
@@ -858,10 +861,10 @@ BEGIN
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
         SELECT o.queue, @extschema@.dq__due_bin(o.due_at), FALSE, 1
         FROM offered AS o
-        WHERE o.created AND v_counting IS NOT NULL
+        WHERE o.created AND v_counting
     )
     SELECT o.created INTO v_inserted FROM offered AS o;
-    PERFORM @extschema@.dq__counted_inline(v_counting);
+    v_counting := @extschema@.dq__counted_inline(v_counting);
 
     IF v_inserted IS NULL THEN
         -- The message moves to another channel (the row is locked by now):
@@ -1135,7 +1138,7 @@ SET enable_seqscan = off
 SET jit = off  -- see 10_storage.sql
 AS $$
 DECLARE
-    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts
+    v_counting boolean := FALSE;  -- dq__counting_inline's: false, the trigger counts
 BEGIN
     -- the messages and their counts in one statement (12_counts.sql)
     v_counting := @extschema@.dq__counting_inline();
@@ -1154,9 +1157,9 @@ BEGIN
     INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
     SELECT o.queue, @extschema@.dq__due_bin(o.due_at), FALSE, count(*)
     FROM offered AS o
-    WHERE v_counting IS NOT NULL
+    WHERE v_counting
     GROUP BY 1, 2;
-    PERFORM @extschema@.dq__counted_inline(v_counting);
+    v_counting := @extschema@.dq__counted_inline(v_counting);
     RETURN TRUE;
 EXCEPTION WHEN unique_violation THEN  -- a key exists or repeats: undone (the mark too)
     RETURN FALSE;
@@ -1506,7 +1509,7 @@ DECLARE
     v_channel text := coalesce(dq_send.channel, '');
     v_priority integer := coalesce(dq_send.priority, 0);
     v_id bigint;
-    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts
+    v_counting boolean := FALSE;  -- dq__counting_inline's: false, the trigger counts
 BEGIN
     -- one cheap test on the hot path; the checks say what is wrong
     IF NOT @extschema@.dq__valid_queue(dq_send.queue)
@@ -1533,10 +1536,10 @@ BEGIN
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
         SELECT s.queue, @extschema@.dq__due_bin(s.due_at), FALSE, 1
         FROM sent AS s
-        WHERE v_counting IS NOT NULL
+        WHERE v_counting
     )
     SELECT s.id INTO v_id FROM sent AS s;
-    PERFORM @extschema@.dq__counted_inline(v_counting);
+    v_counting := @extschema@.dq__counted_inline(v_counting);
     IF v_channel = '' AND v_priority = 0 THEN
         PERFORM @extschema@.dq__wake_if_head(dq_send.queue, v_at);
     ELSE
@@ -1566,7 +1569,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
-    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts
+    v_counting boolean := FALSE;  -- dq__counting_inline's: false, the trigger counts
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_send_many.queue);
     PERFORM @extschema@.dq__check_send_arrays(payloads, scheduled_ats, channels, priorities, headers);
@@ -1593,11 +1596,11 @@ BEGIN
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
         SELECT s.queue, @extschema@.dq__due_bin(s.due_at), FALSE, count(*)
         FROM sent AS s
-        WHERE v_counting IS NOT NULL
+        WHERE v_counting
         GROUP BY 1, 2
     )
     SELECT s.id FROM sent AS s;
-    PERFORM @extschema@.dq__counted_inline(v_counting);
+    v_counting := @extschema@.dq__counted_inline(v_counting);
     IF channels IS NULL AND priorities IS NULL THEN
         PERFORM @extschema@.dq__wake_if_head(dq_send_many.queue, CASE
             WHEN scheduled_ats IS NULL THEN v_now
@@ -1636,7 +1639,7 @@ DECLARE
     v_spent bigint[];        -- picked, but already delivered max_attempts times
     v_grouped boolean;       -- the queue has groups (42_groups.sql)
     v_paused boolean;        -- dq_pause
-    v_counting text;         -- dq__counting_inline's; NULL: the trigger counts
+    v_counting boolean := FALSE;  -- dq__counting_inline's: false, the trigger counts
 BEGIN
     IF NOT @extschema@.dq__valid_queue(v_queue)
         OR max_count IS NULL
@@ -1729,7 +1732,7 @@ BEGIN
                 (@extschema@.dq__due_bin(l.leased_due_at), l.relet, -1),
                 (@extschema@.dq__due_bin(l.due_at), TRUE, 1)
         ) AS d (due_bin, leased, n)
-        WHERE v_counting IS NOT NULL
+        WHERE v_counting
         GROUP BY l.queue, d.due_bin, d.leased
         HAVING sum(d.n) <> 0
     )
@@ -1740,7 +1743,7 @@ BEGIN
         l.headers
     FROM leased AS l
     ORDER BY l.pos;
-    PERFORM @extschema@.dq__counted_inline(v_counting);
+    v_counting := @extschema@.dq__counted_inline(v_counting);
 END
 $$;
 
@@ -1775,7 +1778,7 @@ DECLARE
     v_queue text;
     v_channel text;
     v_until timestamptz;
-    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts (and records)
+    v_counting boolean := FALSE;  -- dq__counting_inline's: false, the trigger counts (and records)
 BEGIN
     IF dq_ack.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_ack.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_ack.queue);
@@ -1797,11 +1800,11 @@ BEGIN
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
         SELECT a.queue, @extschema@.dq__due_bin(a.due_at), TRUE, -1
         FROM acked AS a
-        WHERE v_counting IS NOT NULL
+        WHERE v_counting
     )
     SELECT a.queue, a.channel, a.due_at INTO v_queue, v_channel, v_until
     FROM acked AS a;
-    PERFORM @extschema@.dq__counted_inline(v_counting);
+    v_counting := @extschema@.dq__counted_inline(v_counting);
     IF v_queue IS NULL THEN
         RETURN FALSE;
     END IF;
@@ -1864,7 +1867,7 @@ DECLARE
     v_queues text[];
     v_channels text[];
     v_dues timestamptz[];
-    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts (and records)
+    v_counting boolean := FALSE;  -- dq__counting_inline's: false, the trigger counts (and records)
 BEGIN
     IF dq_ack_many.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_ack_many.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_ack_many.queue);
@@ -1904,7 +1907,7 @@ BEGIN
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
         SELECT d.queue, @extschema@.dq__due_bin(d.due_at), TRUE, -count(*)
         FROM deleted AS d
-        WHERE v_counting IS NOT NULL
+        WHERE v_counting
         GROUP BY 1, 2
     )
 
@@ -1915,7 +1918,7 @@ BEGIN
         array_agg(d.due_at) FILTER (WHERE d.channel <> '')
     INTO v_deleted, v_queues, v_channels, v_dues
     FROM deleted AS d;
-    PERFORM @extschema@.dq__counted_inline(v_counting);
+    v_counting := @extschema@.dq__counted_inline(v_counting);
     IF v_queues IS NOT NULL THEN
         PERFORM @extschema@.dq__leases_ended(v_queues, v_channels, v_dues, v_now);
     END IF;
@@ -6034,7 +6037,7 @@ CREATE OR REPLACE TRIGGER dq_count_inserted AFTER INSERT ON @extschema@.dq_messa
 REFERENCING NEW TABLE AS changed_rows
 FOR EACH STATEMENT
 WHEN (
-    pg_catalog.rtrim(pg_catalog.current_setting('dq.counted', TRUE), 'i')
+    pg_catalog.rtrim(pg_catalog.split_part(pg_catalog.current_setting('dq.counted', TRUE), ',', -1), 'i')
     IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
 )
 EXECUTE FUNCTION @extschema@.dq__count_rows();
@@ -6042,7 +6045,7 @@ CREATE OR REPLACE TRIGGER dq_count_deleted AFTER DELETE ON @extschema@.dq_messag
 REFERENCING OLD TABLE AS changed_rows
 FOR EACH STATEMENT
 WHEN (
-    pg_catalog.current_setting('dq.counted', TRUE)
+    pg_catalog.split_part(pg_catalog.current_setting('dq.counted', TRUE), ',', -1)
     IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
 )
 EXECUTE FUNCTION @extschema@.dq__count_rows();
@@ -6050,7 +6053,7 @@ CREATE OR REPLACE TRIGGER dq_count_updated AFTER UPDATE ON @extschema@.dq_messag
 REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
 FOR EACH STATEMENT
 WHEN (
-    pg_catalog.current_setting('dq.counted', TRUE)
+    pg_catalog.split_part(pg_catalog.current_setting('dq.counted', TRUE), ',', -1)
     IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
 )
 EXECUTE FUNCTION @extschema@.dq__count_updated();

@@ -103,6 +103,10 @@ WITH objects AS (
     SELECT 'constraint ' || conname, pg_get_constraintdef(k.oid)
     FROM pg_constraint k WHERE k.connamespace = %(nsp)s::regnamespace
     UNION ALL
+    SELECT 'trigger ' || c.relname || '.' || g.tgname, pg_get_triggerdef(g.oid) || ' enabled=' || g.tgenabled::text
+    FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid
+    WHERE c.relnamespace = %(nsp)s::regnamespace AND NOT g.tgisinternal
+    UNION ALL
     SELECT 'type ' || t.typname, t.typtype::text
     FROM pg_type t WHERE t.typnamespace = %(nsp)s::regnamespace AND t.typname NOT LIKE '\\_%%'
     UNION ALL

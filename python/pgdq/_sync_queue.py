@@ -115,28 +115,41 @@ def message_name(key: str | None, id_: int | None) -> str:
     return repr(key) if key is not None else f"message {id_}"
 
 
-def _decoding(
-    codec: Codec, payload: Any, queue: str, key: str | None, id_: int | None = None, **parts: Any
-) -> dict[str, Any]:
-    """The DecodedPayload fields of a payload: _decoded as codec decodes it,
-    or decode_error, the PayloadDecodeError saying why not (naming the
-    message by key, or by id_ when it has none): the payload, or one of
-    parts (e.g. state=, headers=), is UnreadableJson, or the codec failed."""
-    for part, value in {"payload": payload, **parts}.items():
-        if isinstance(value, UnreadableJson):
-            what = f"the {part} of {message_name(key, id_)} in queue {queue!r}"
-            return _undecoded(f"cannot read {what}: Python cannot read its JSON ({value.error})", value.error)
+def _decoded(
+    codec: Codec,
+    payload: Any,
+    queue: str,
+    key: str | None,
+    id_: int | None = None,
+    state: Any = None,
+    headers: Any = None,
+) -> tuple[Any, PayloadDecodeError | None]:
+    """The payload as codec decodes it and None; or None and the
+    PayloadDecodeError saying why not (naming the message by key, or by id_
+    when it has none): the payload, state or headers is UnreadableJson, or
+    the codec failed. (Positional and flat: a batch poll runs it per message.)"""
+    if UnreadableJson in (type(payload), type(state), type(headers)):
+        parts = {"payload": payload, "state": state, "headers": headers}
+        part, value = next(((p, v) for p, v in parts.items() if type(v) is UnreadableJson))
+        what = f"the {part} of {message_name(key, id_)} in queue {queue!r}"
+        return (None, _undecoded(f"cannot read {what}: Python cannot read its JSON ({value.error})", value.error))
     try:
-        return {"_decoded": codec.load(payload), "decode_error": None}
+        return (codec.load(payload), None)
     except Exception as e:  # the codec is the caller's code: any error is this message's alone
-        return _undecoded(f"cannot decode the payload of {message_name(key, id_)} in queue {queue!r}: {e!r}", e)
+        return (None, _undecoded(f"cannot decode the payload of {message_name(key, id_)} in queue {queue!r}: {e!r}", e))
 
 
-def _undecoded(message: str, cause: BaseException) -> dict[str, Any]:
-    """The DecodedPayload fields of an undecodable message: a PayloadDecodeError of message, caused by cause."""
+def _decoding(codec: Codec, payload: Any, queue: str, key: str | None, id_: int | None = None) -> dict[str, Any]:
+    """The DecodedPayload fields of a payload (_decoded: decoded and decode_error)."""
+    decoded, error = _decoded(codec, payload, queue, key, id_)
+    return {"_decoded": decoded, "decode_error": error}
+
+
+def _undecoded(message: str, cause: BaseException) -> PayloadDecodeError:
+    """The decode_error of an undecodable message: a PayloadDecodeError of message, caused by cause."""
     error = PayloadDecodeError(message)
     error.__cause__ = cause
-    return {"_decoded": None, "decode_error": error}
+    return error
 
 
 def _dead_id(rest: list[Any]) -> int | None:
@@ -147,6 +160,7 @@ def _dead_id(rest: list[Any]) -> int | None:
 
 # How many leading columns of a row this client knows: newer SQL adds
 # columns last (api-v1.2), which a row built by position must not take.
+_DELIVERY_COLUMNS = 14  # dq_delivery: ..., channel, priority (1.1), headers (1.2)
 _STATS_COLUMNS = 7  # dq_stats: ..., next_due_at, paused (1.2)
 _INFO_COLUMNS = 12  # dq_get: ..., channel, priority (1.1), headers (1.2)
 _PEEK_COLUMNS = 11  # dq_peek: ..., last_error, id, headers (1.2)
@@ -352,9 +366,11 @@ class Queue(_Base):
     def _delivery(self, row: tuple[Any, ...]) -> Delivery:
         """A delivery built straight from a dq_delivery row (positionally: its
         fields are in the row's order); a payload the codec rejects becomes its decode_error."""
+        if len(row) < _DELIVERY_COLUMNS:  # older SQL: 1.0.0 has no channel and priority, 1.1 no headers
+            row = (*row[:11], *(row[11:13] or (None, 0)), None)
         id_, queue, key, payload, state, scheduled_at, created_at, attempts, redelivery, token, until = row[:11]
-        channel, level = row[11:13] or (None, 0)  # 1.0.0 SQL has neither
-        headers = row[13] if len(row) > 13 else None  # 1.2
+        channel, level, headers = row[11:_DELIVERY_COLUMNS]
+        decoded, error = _decoded(self.codec, payload, queue, key, id_, state, headers)
         return Delivery(
             id_,
             queue,
@@ -371,7 +387,8 @@ class Queue(_Base):
             level,
             self,
             headers,
-            **_decoding(self.codec, payload, queue, key, id_, state=state, headers=headers),
+            error,
+            decoded,
         )
 
     # producing

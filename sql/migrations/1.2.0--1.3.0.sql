@@ -59,7 +59,7 @@ CREATE OR REPLACE TRIGGER dq_count_inserted AFTER INSERT ON @extschema@.dq_messa
 REFERENCING NEW TABLE AS changed_rows
 FOR EACH STATEMENT
 WHEN (
-    pg_catalog.rtrim(pg_catalog.current_setting('dq.counted', TRUE), 'i')
+    pg_catalog.rtrim(pg_catalog.split_part(pg_catalog.current_setting('dq.counted', TRUE), ',', -1), 'i')
     IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
 )
 EXECUTE FUNCTION @extschema@.dq__count_rows();
@@ -67,7 +67,7 @@ CREATE OR REPLACE TRIGGER dq_count_deleted AFTER DELETE ON @extschema@.dq_messag
 REFERENCING OLD TABLE AS changed_rows
 FOR EACH STATEMENT
 WHEN (
-    pg_catalog.current_setting('dq.counted', TRUE)
+    pg_catalog.split_part(pg_catalog.current_setting('dq.counted', TRUE), ',', -1)
     IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
 )
 EXECUTE FUNCTION @extschema@.dq__count_rows();
@@ -75,7 +75,7 @@ CREATE OR REPLACE TRIGGER dq_count_updated AFTER UPDATE ON @extschema@.dq_messag
 REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
 FOR EACH STATEMENT
 WHEN (
-    pg_catalog.current_setting('dq.counted', TRUE)
+    pg_catalog.split_part(pg_catalog.current_setting('dq.counted', TRUE), ',', -1)
     IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
 )
 EXECUTE FUNCTION @extschema@.dq__count_updated();

@@ -60,54 +60,6 @@ AS $$
     SELECT pg_catalog.date_bin(@extschema@.dq__due_bin_width(), due_at, '2000-01-01 00:00+00');
 $$;
 
--- Mark the next statement as counting its own rows, or with inserts_only
--- only the rows it inserts (an upsert, whose updates the trigger counts):
--- dq.counted holds the trigger depth (pg_trigger_depth()) of the one
--- statement that does, followed by 'i' for inserts only, set just before
--- it and restored after (dq__counted_inline), and the count triggers skip
--- a statement at that depth (their WHEN clauses, below), so that writes
--- nested deeper (a user's trigger writing messages, or calling pgdq) are
--- still counted by them. Local to the transaction: an error undoes it.
--- The setting's value before, to restore; NULL, marking nothing, when
--- row-level security on dq_messages applies to the caller: a tenant adds
--- no count of its own (the policy below refuses it), the triggers count
--- its writes as pgdq's owner.
-CREATE FUNCTION dq__counting_inline(inserts_only boolean DEFAULT FALSE) RETURNS text
-LANGUAGE plpgsql VOLATILE
-AS $$
-DECLARE
-    v_before text := coalesce(pg_catalog.current_setting('dq.counted', TRUE), '');
-BEGIN
-    IF pg_catalog.row_security_active('@extschema@.dq_messages'::pg_catalog.regclass) THEN
-        RETURN NULL;
-    END IF;
-    PERFORM pg_catalog.set_config(
-        'dq.counted',
-        pg_catalog.pg_trigger_depth()::pg_catalog.text
-        OPERATOR(pg_catalog.||) CASE WHEN inserts_only THEN 'i' ELSE '' END,
-        TRUE
-    );
-    RETURN v_before;
-END
-$$;
-
--- After the statement that counted its own rows: put dq.counted back as it
--- was before (dq__counting_inline's value; NULL: nothing was marked), and
--- now and then fold the counts (dq__time_to_fold).
-CREATE FUNCTION dq__counted_inline(marked_from text) RETURNS void
-LANGUAGE plpgsql VOLATILE
-AS $$
-BEGIN
-    IF marked_from IS NULL THEN
-        RETURN;
-    END IF;
-    PERFORM pg_catalog.set_config('dq.counted', marked_from, TRUE);
-    IF @extschema@.dq__time_to_fold() THEN
-        PERFORM @extschema@.dq__fold_counts();
-    END IF;
-END
-$$;
-
 -- Whether a writer should fold the counts now (dq__fold_counts): one
 -- statement in 4,096. A fold in REPEATABLE READ or SERIALIZABLE could fail
 -- on a row that a concurrent fold took: writers there never fold. (A SQL
@@ -155,6 +107,57 @@ AS $$
     FROM binned AS b
     GROUP BY 1, 2, 3
     HAVING sum(b.n) <> 0;
+$$;
+
+-- Mark the next statement as counting its own rows, or with inserts_only
+-- only the rows it inserts (an upsert, whose updates the trigger counts):
+-- dq.counted holds a stack of marks, each a comma, the trigger depth
+-- (pg_trigger_depth()) of a statement that counts its own rows and 'i' for
+-- inserts only; pushed just before the statement, popped just after
+-- (dq__counted_inline). The count triggers skip a statement whose depth is
+-- the last mark (their WHEN clauses, below), so that writes nested deeper
+-- (a user's trigger writing messages, or calling pgdq) are still counted by
+-- them. Local to the transaction: an error undoes it. True when marked;
+-- false, marking nothing, when row-level security on dq_messages applies to
+-- the caller: a tenant adds no count of its own (the policy below refuses
+-- it), the triggers count its writes as pgdq's owner. (A SQL expression, as
+-- dq__counted_inline: it inlines into its callers' assignments, which then
+-- cost no function call; as plpgsql functions the two were a tenth of a
+-- single poll.)
+CREATE FUNCTION dq__counting_inline(inserts_only boolean DEFAULT FALSE) RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT CASE
+        WHEN pg_catalog.row_security_active('@extschema@.dq_messages'::pg_catalog.regclass) THEN FALSE
+        ELSE pg_catalog.set_config(
+            'dq.counted',
+            coalesce(pg_catalog.current_setting('dq.counted', TRUE), '') OPERATOR(pg_catalog.||) ','
+            OPERATOR(pg_catalog.||) pg_catalog.pg_trigger_depth()::pg_catalog.text
+            OPERATOR(pg_catalog.||) CASE WHEN inserts_only THEN 'i' ELSE '' END,
+            TRUE
+        ) IS NOT NULL
+    END;
+$$;
+
+-- After the statement that counted its own rows (marked: what
+-- dq__counting_inline returned): pop its mark, and now and then fold the
+-- counts (dq__time_to_fold). False: nothing is marked any more.
+CREATE FUNCTION dq__counted_inline(marked boolean) RETURNS boolean
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT CASE
+        WHEN marked IS NOT TRUE THEN FALSE
+        -- set_config never returns NULL: this pops the mark and goes on
+        WHEN pg_catalog.set_config(
+            'dq.counted',
+            pg_catalog.regexp_replace(pg_catalog.current_setting('dq.counted'), ',[^,]*$', ''),
+            TRUE
+        ) IS NULL THEN FALSE
+        -- now and then a fold; num_nulls is never negative: false
+        ELSE pg_catalog.num_nulls(
+            CASE WHEN @extschema@.dq__time_to_fold() THEN @extschema@.dq__fold_counts() END
+        ) OPERATOR(pg_catalog.<) 0
+    END;
 $$;
 
 -- Who sees the counts: roles granted SELECT (the README's consumer role,
@@ -355,7 +358,7 @@ CREATE TRIGGER dq_count_inserted AFTER INSERT ON dq_messages
 REFERENCING NEW TABLE AS changed_rows
 FOR EACH STATEMENT
 WHEN (
-    pg_catalog.rtrim(pg_catalog.current_setting('dq.counted', TRUE), 'i')
+    pg_catalog.rtrim(pg_catalog.split_part(pg_catalog.current_setting('dq.counted', TRUE), ',', -1), 'i')
     IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
 )
 EXECUTE FUNCTION dq__count_rows();
@@ -364,7 +367,7 @@ CREATE TRIGGER dq_count_deleted AFTER DELETE ON dq_messages
 REFERENCING OLD TABLE AS changed_rows
 FOR EACH STATEMENT
 WHEN (
-    pg_catalog.current_setting('dq.counted', TRUE)
+    pg_catalog.split_part(pg_catalog.current_setting('dq.counted', TRUE), ',', -1)
     IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
 )
 EXECUTE FUNCTION dq__count_rows();
@@ -373,7 +376,7 @@ CREATE TRIGGER dq_count_updated AFTER UPDATE ON dq_messages
 REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
 FOR EACH STATEMENT
 WHEN (
-    pg_catalog.current_setting('dq.counted', TRUE)
+    pg_catalog.split_part(pg_catalog.current_setting('dq.counted', TRUE), ',', -1)
     IS DISTINCT FROM pg_catalog.pg_trigger_depth()::pg_catalog.text
 )
 EXECUTE FUNCTION dq__count_updated();

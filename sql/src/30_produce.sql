@@ -75,7 +75,7 @@ DECLARE
     v_channel text := coalesce(dq_offer.channel, '');
     v_priority integer := coalesce(dq_offer.priority, 0);
     v_inserted boolean;
-    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts
+    v_counting boolean := FALSE;  -- dq__counting_inline's: false, the trigger counts
 BEGIN
     -- one cheap test on the hot path; the checks say what is wrong
     IF NOT @extschema@.dq__valid_queue(dq_offer.queue)
@@ -133,10 +133,10 @@ BEGIN
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
         SELECT o.queue, @extschema@.dq__due_bin(o.due_at), FALSE, 1
         FROM offered AS o
-        WHERE o.created AND v_counting IS NOT NULL
+        WHERE o.created AND v_counting
     )
     SELECT o.created INTO v_inserted FROM offered AS o;
-    PERFORM @extschema@.dq__counted_inline(v_counting);
+    v_counting := @extschema@.dq__counted_inline(v_counting);
 
     IF v_inserted IS NULL THEN
         -- The message moves to another channel (the row is locked by now):
@@ -410,7 +410,7 @@ SET enable_seqscan = off
 SET jit = off  -- see 10_storage.sql
 AS $$
 DECLARE
-    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts
+    v_counting boolean := FALSE;  -- dq__counting_inline's: false, the trigger counts
 BEGIN
     -- the messages and their counts in one statement (12_counts.sql)
     v_counting := @extschema@.dq__counting_inline();
@@ -429,9 +429,9 @@ BEGIN
     INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
     SELECT o.queue, @extschema@.dq__due_bin(o.due_at), FALSE, count(*)
     FROM offered AS o
-    WHERE v_counting IS NOT NULL
+    WHERE v_counting
     GROUP BY 1, 2;
-    PERFORM @extschema@.dq__counted_inline(v_counting);
+    v_counting := @extschema@.dq__counted_inline(v_counting);
     RETURN TRUE;
 EXCEPTION WHEN unique_violation THEN  -- a key exists or repeats: undone (the mark too)
     RETURN FALSE;

@@ -105,7 +105,7 @@ DECLARE
     v_channel text := coalesce(dq_send.channel, '');
     v_priority integer := coalesce(dq_send.priority, 0);
     v_id bigint;
-    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts
+    v_counting boolean := FALSE;  -- dq__counting_inline's: false, the trigger counts
 BEGIN
     -- one cheap test on the hot path; the checks say what is wrong
     IF NOT @extschema@.dq__valid_queue(dq_send.queue)
@@ -132,10 +132,10 @@ BEGIN
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
         SELECT s.queue, @extschema@.dq__due_bin(s.due_at), FALSE, 1
         FROM sent AS s
-        WHERE v_counting IS NOT NULL
+        WHERE v_counting
     )
     SELECT s.id INTO v_id FROM sent AS s;
-    PERFORM @extschema@.dq__counted_inline(v_counting);
+    v_counting := @extschema@.dq__counted_inline(v_counting);
     IF v_channel = '' AND v_priority = 0 THEN
         PERFORM @extschema@.dq__wake_if_head(dq_send.queue, v_at);
     ELSE
@@ -165,7 +165,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
-    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts
+    v_counting boolean := FALSE;  -- dq__counting_inline's: false, the trigger counts
 BEGIN
     PERFORM @extschema@.dq__check_queue(dq_send_many.queue);
     PERFORM @extschema@.dq__check_send_arrays(payloads, scheduled_ats, channels, priorities, headers);
@@ -192,11 +192,11 @@ BEGIN
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
         SELECT s.queue, @extschema@.dq__due_bin(s.due_at), FALSE, count(*)
         FROM sent AS s
-        WHERE v_counting IS NOT NULL
+        WHERE v_counting
         GROUP BY 1, 2
     )
     SELECT s.id FROM sent AS s;
-    PERFORM @extschema@.dq__counted_inline(v_counting);
+    v_counting := @extschema@.dq__counted_inline(v_counting);
     IF channels IS NULL AND priorities IS NULL THEN
         PERFORM @extschema@.dq__wake_if_head(dq_send_many.queue, CASE
             WHEN scheduled_ats IS NULL THEN v_now

@@ -23,7 +23,7 @@ DECLARE
     v_spent bigint[];        -- picked, but already delivered max_attempts times
     v_grouped boolean;       -- the queue has groups (42_groups.sql)
     v_paused boolean;        -- dq_pause
-    v_counting text;         -- dq__counting_inline's; NULL: the trigger counts
+    v_counting boolean := FALSE;  -- dq__counting_inline's: false, the trigger counts
 BEGIN
     IF NOT @extschema@.dq__valid_queue(v_queue)
         OR max_count IS NULL
@@ -116,7 +116,7 @@ BEGIN
                 (@extschema@.dq__due_bin(l.leased_due_at), l.relet, -1),
                 (@extschema@.dq__due_bin(l.due_at), TRUE, 1)
         ) AS d (due_bin, leased, n)
-        WHERE v_counting IS NOT NULL
+        WHERE v_counting
         GROUP BY l.queue, d.due_bin, d.leased
         HAVING sum(d.n) <> 0
     )
@@ -127,7 +127,7 @@ BEGIN
         l.headers
     FROM leased AS l
     ORDER BY l.pos;
-    PERFORM @extschema@.dq__counted_inline(v_counting);
+    v_counting := @extschema@.dq__counted_inline(v_counting);
 END
 $$;
 
@@ -162,7 +162,7 @@ DECLARE
     v_queue text;
     v_channel text;
     v_until timestamptz;
-    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts (and records)
+    v_counting boolean := FALSE;  -- dq__counting_inline's: false, the trigger counts (and records)
 BEGIN
     IF dq_ack.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_ack.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_ack.queue);
@@ -184,11 +184,11 @@ BEGIN
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
         SELECT a.queue, @extschema@.dq__due_bin(a.due_at), TRUE, -1
         FROM acked AS a
-        WHERE v_counting IS NOT NULL
+        WHERE v_counting
     )
     SELECT a.queue, a.channel, a.due_at INTO v_queue, v_channel, v_until
     FROM acked AS a;
-    PERFORM @extschema@.dq__counted_inline(v_counting);
+    v_counting := @extschema@.dq__counted_inline(v_counting);
     IF v_queue IS NULL THEN
         RETURN FALSE;
     END IF;
@@ -251,7 +251,7 @@ DECLARE
     v_queues text[];
     v_channels text[];
     v_dues timestamptz[];
-    v_counting text;  -- dq__counting_inline's; NULL: the trigger counts (and records)
+    v_counting boolean := FALSE;  -- dq__counting_inline's: false, the trigger counts (and records)
 BEGIN
     IF dq_ack_many.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_ack_many.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_ack_many.queue);
@@ -291,7 +291,7 @@ BEGIN
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
         SELECT d.queue, @extschema@.dq__due_bin(d.due_at), TRUE, -count(*)
         FROM deleted AS d
-        WHERE v_counting IS NOT NULL
+        WHERE v_counting
         GROUP BY 1, 2
     )
 
@@ -302,7 +302,7 @@ BEGIN
         array_agg(d.due_at) FILTER (WHERE d.channel <> '')
     INTO v_deleted, v_queues, v_channels, v_dues
     FROM deleted AS d;
-    PERFORM @extschema@.dq__counted_inline(v_counting);
+    v_counting := @extschema@.dq__counted_inline(v_counting);
     IF v_queues IS NOT NULL THEN
         PERFORM @extschema@.dq__leases_ended(v_queues, v_channels, v_dues, v_now);
     END IF;
