@@ -11,7 +11,7 @@
 #                           for the classic protocol's PHP example, Chromium for the
 #                           dashboard's browser test (Playwright drives it),
 #                           PgBouncer for the pooling tests and PL/Proxy for the
-#                           sharding tests
+#                           sharding tests, gdb to replay a locking race step by step
 set -euo pipefail
 
 what=${1:-test}
@@ -38,6 +38,7 @@ if [ "$what" = test ]; then
   [ -x /usr/bin/chromium ] || missing+=(chromium)
   [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
   [ -f "$sharedir/extension/plproxy.control" ] || missing+=(postgresql-15-plproxy)
+  command -v gdb >/dev/null || missing+=(gdb)
 fi
 
 [ ${#missing[@]} -eq 0 ] && exit 0

@@ -24,6 +24,9 @@ DECLARE
     v_grouped boolean;       -- the queue has groups (42_groups.sql)
     v_paused boolean;        -- dq_pause
     v_counting boolean := FALSE;  -- dq__counting_inline's: false, the trigger counts
+    v_try integer;           -- the pick's: a lock wait ends the first three
+    v_caller_lock_timeout text := current_setting('lock_timeout');
+    v_set text;              -- set_config's answer, unused
 BEGIN
     IF NOT @extschema@.dq__valid_queue(v_queue)
         OR max_count IS NULL
@@ -57,77 +60,96 @@ BEGIN
     END IF;
 
     -- Pick and lock in one index range scan of (queue, due_at, id); rows a
-    -- concurrent poller holds are skipped, never waited for. The arrays keep
+    -- concurrent poller holds are skipped. Yet PostgreSQL's SKIP LOCKED can
+    -- wait: for the newer version of a row whose updater commits as the scan
+    -- reaches it (heap_lock_updated_tuple), holding the rows it locked
+    -- before, and a writer waiting for one of those would deadlock with it.
+    -- So the pick waits 1 ms at most, in a subtransaction that lets its rows
+    -- go when it does, and picks again; the last try waits as long as the
+    -- caller's lock_timeout says (a table locked for long). The arrays keep
     -- every statement's plan on an index, generic or custom.
-    SELECT
-        coalesce(array_agg(p.row_at) FILTER (WHERE NOT p.spent), '{}'),
-        coalesce(array_agg(p.relet) FILTER (WHERE NOT p.spent), '{}'),
-        coalesce(array_agg(p.id) FILTER (WHERE p.spent), '{}')
-    INTO v_rows, v_relet, v_spent
-    FROM (
-        SELECT
-            m.ctid AS row_at, m.id, m.lock_token IS NOT NULL AS relet,
-            coalesce(m.attempts >= v_max_attempts, FALSE) AS spent
-        FROM @extschema@.dq_messages AS m
-        WHERE m.queue = v_queue AND m.channel = '' AND m.priority = 0 AND m.due_at <= v_now
-        ORDER BY m.due_at, m.id
-        LIMIT max_count
-        FOR UPDATE SKIP LOCKED
-    ) AS p;
+    FOR v_try IN 1..4 LOOP
+        BEGIN
+            v_set := set_config('lock_timeout', CASE WHEN v_try < 4 THEN '1ms' ELSE v_caller_lock_timeout END, TRUE);
+            SELECT
+                coalesce(array_agg(p.row_at) FILTER (WHERE NOT p.spent), '{}'),
+                coalesce(array_agg(p.relet) FILTER (WHERE NOT p.spent), '{}'),
+                coalesce(array_agg(p.id) FILTER (WHERE p.spent), '{}')
+            INTO v_rows, v_relet, v_spent
+            FROM (
+                SELECT
+                    m.ctid AS row_at, m.id, m.lock_token IS NOT NULL AS relet,
+                    coalesce(m.attempts >= v_max_attempts, FALSE) AS spent
+                FROM @extschema@.dq_messages AS m
+                WHERE m.queue = v_queue AND m.channel = '' AND m.priority = 0 AND m.due_at <= v_now
+                ORDER BY m.due_at, m.id
+                LIMIT max_count
+                FOR UPDATE SKIP LOCKED
+            ) AS p;
+            v_set := set_config('lock_timeout', v_caller_lock_timeout, TRUE);
 
-    -- A due message that already had max_attempts deliveries gets no more:
-    -- bury it, saying whether its last lease expired without an ack or nack
-    -- (its consumers keep dying) or its last delivery was nacked, and with
-    -- which error (dq__gave_up_error).
-    IF cardinality(v_spent) > 0 THEN
-        PERFORM @extschema@.dq__bury(v_spent, NULL::text, v_now, v_max_attempts);
-    END IF;
-    IF cardinality(v_rows) = 0 THEN
-        RETURN;
-    END IF;
+            -- A due message that already had max_attempts deliveries gets
+            -- no more: bury it, saying whether its last lease expired without
+            -- an ack or nack (its consumers keep dying) or its last delivery
+            -- was nacked, and with which error (dq__gave_up_error).
+            IF cardinality(v_spent) > 0 THEN
+                PERFORM @extschema@.dq__bury(v_spent, NULL::text, v_now, v_max_attempts);
+            END IF;
+            IF cardinality(v_rows) = 0 THEN
+                RETURN;
+            END IF;
 
-    -- The rows stay locked by this transaction, so their addresses (ctid)
-    -- still find them: one heap fetch each instead of a primary key lookup.
-    -- The leases and their counts in one statement (12_counts.sql): each row
-    -- leaves its due time's bin (leased_due_at is its due time before) for
-    -- the lease end's, leased.
-    v_counting := @extschema@.dq__counting_inline();
-    RETURN QUERY
-    WITH leased AS (
-        UPDATE @extschema@.dq_messages AS m
-        SET attempts = m.attempts + 1,
-            lock_token = @extschema@.dq__token(m.id, (SELECT @extschema@.dq__token_proof())),
-            due_at = v_now + lease,
-            leased_at = v_now,
-            leased_due_at = m.due_at
-        FROM unnest(v_rows, v_relet) WITH ORDINALITY AS picked (row_at, relet, pos)
-        WHERE m.ctid = picked.row_at
-        RETURNING
-            picked.pos, picked.relet, m.leased_due_at,
-            m.id, m.queue, m.key, m.payload, m.state, m.scheduled_at,
-            m.created_at, m.attempts, m.lock_token, m.due_at, m.headers
-    ),
-    counted AS (
-        INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
-        SELECT l.queue, d.due_bin, d.leased, sum(d.n)
-        FROM leased AS l
-        CROSS JOIN LATERAL (
-            VALUES
-                (@extschema@.dq__due_bin(l.leased_due_at), l.relet, -1),
-                (@extschema@.dq__due_bin(l.due_at), TRUE, 1)
-        ) AS d (due_bin, leased, n)
-        WHERE v_counting
-        GROUP BY l.queue, d.due_bin, d.leased
-        HAVING sum(d.n) <> 0
-    )
-    SELECT
-        l.id, l.queue::text, l.key::text, l.payload, l.state, l.scheduled_at,
-        l.created_at, l.attempts, l.attempts > 1, l.lock_token, l.due_at,
-        NULL::text, 0,  -- a plain queue's messages have no channel, priority 0
-        l.headers
-    FROM leased AS l
-    ORDER BY l.pos;
-    v_counting := @extschema@.dq__counted_inline(v_counting);
+            -- The rows stay locked by this transaction, so their addresses
+            -- (ctid) still find them: one heap fetch each instead of a primary
+            -- key lookup. The leases and their counts in one statement
+            -- (12_counts.sql): each row leaves its due time's bin
+            -- (leased_due_at is its due time before) for the lease end's,
+            -- leased. In the subtransaction that locked them: a row locked
+            -- by one and updated by another would need a MultiXact.
+            v_counting := @extschema@.dq__counting_inline();
+            RETURN QUERY
+            WITH leased AS (
+                UPDATE @extschema@.dq_messages AS m
+                SET attempts = m.attempts + 1,
+                    lock_token = @extschema@.dq__token(m.id, (SELECT @extschema@.dq__token_proof())),
+                    due_at = v_now + lease,
+                    leased_at = v_now,
+                    leased_due_at = m.due_at
+                FROM unnest(v_rows, v_relet) WITH ORDINALITY AS picked (row_at, relet, pos)
+                WHERE m.ctid = picked.row_at
+                RETURNING
+                    picked.pos, picked.relet, m.leased_due_at,
+                    m.id, m.queue, m.key, m.payload, m.state, m.scheduled_at,
+                    m.created_at, m.attempts, m.lock_token, m.due_at, m.headers
+            ),
+            counted AS (
+                INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+                SELECT l.queue, d.due_bin, d.leased, sum(d.n)
+                FROM leased AS l
+                CROSS JOIN LATERAL (
+                    VALUES
+                        (@extschema@.dq__due_bin(l.leased_due_at), l.relet, -1),
+                        (@extschema@.dq__due_bin(l.due_at), TRUE, 1)
+                ) AS d (due_bin, leased, n)
+                WHERE v_counting
+                GROUP BY l.queue, d.due_bin, d.leased
+                HAVING sum(d.n) <> 0
+            )
+            SELECT
+                l.id, l.queue::text, l.key::text, l.payload, l.state, l.scheduled_at,
+                l.created_at, l.attempts, l.attempts > 1, l.lock_token, l.due_at,
+                NULL::text, 0,  -- a plain queue's messages have no channel, priority 0
+                l.headers
+            FROM leased AS l
+            ORDER BY l.pos;
+            v_counting := @extschema@.dq__counted_inline(v_counting);
+            RETURN;
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+            IF v_try = 4 THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END
 $$;
 
