@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from pgdq import OfferOutcome, Queue
-from waiting import wait_for
+from waiting import outstanding, wait_for
 
 T = TypeVar("T")
 
@@ -303,3 +303,35 @@ def test_history_stays_exact_while_sessions_ack_fold_and_expire(database: str, q
         for bucket in (timedelta(minutes=1), timedelta(seconds=1), timedelta(seconds=7)):
             stats = q.history_stats(datetime.now(UTC) - timedelta(hours=1), bucket)
             assert (sum(b.acked for b in stats), sum(b.cancelled for b in stats)) == (acked, cancelled), bucket
+
+
+def test_an_ack_that_waited_for_retention_turned_on_records_it(database: str, queue_name: str) -> None:
+    """dq_ack_many decides whether the trigger records its deletes once it
+    holds the rows: a transaction holding one of them that turns retention
+    on commits while the ack waits, and the ack is recorded."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        q = Queue(queue_name, conn)
+        q.offer("held", {"n": 1})
+        (delivery,) = q.poll_many(1)
+        with psycopg.connect(database) as holder:
+            holder.execute("SELECT dq_extend(%s, '5 minutes')", (delivery.lock_token,))  # holds the row
+            holder.execute("SELECT dq_retain(%s, '1 day')", (queue_name,))
+            with psycopg.connect(database, autocommit=True) as acker, ThreadPoolExecutor(1) as pool:
+                acked = pool.submit(
+                    lambda: acker.execute("SELECT dq_ack_many(%s)", ([delivery.lock_token],)).fetchone()
+                )
+                wait_for(
+                    lambda: (
+                        acked.done()
+                        or conn.execute(
+                            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                            (acker.info.backend_pid,),
+                        ).fetchone()[0]
+                    ),
+                    "the ack to wait for the held row",
+                )
+                assert not acked.done(), "the ack waits for the row the holder has"
+                holder.commit()
+                assert acked.result(60) == (1,)
+        assert [(r.key, r.outcome) for r in q.history()] == [("held", "acked")]
+        assert outstanding(q, "ready", "delayed", "leased") == 0, "the counts lost the message too"

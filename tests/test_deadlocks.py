@@ -29,14 +29,17 @@ import itertools
 import os
 import random
 import shutil
+import signal
 import subprocess
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from queue import Empty, SimpleQueue
 from typing import Any, LiteralString
 from uuid import UUID
 
@@ -582,26 +585,60 @@ def test_redrive_that_waited_reoffers_exactly_the_dead_letters_it_removes(databa
 
 
 class Paused:
-    """gdb attached to a server process, stopped at the first call of function
-    once run: the process waits there until resume()."""
+    """gdb attached to a server process, which runs until it first calls
+    function and then waits there until resume(). A context manager: on the
+    way out, however the test ended, the process is let go (a process left
+    stopped would hang every DROP DATABASE of the cluster)."""
 
     def __init__(self, pid: int, function: str) -> None:
         self.gdb = subprocess.Popen(
-            ["gdb", "-q", "-nx", "-p", str(pid), "-ex", "set pagination off", "-ex", f"break {function}"],
+            # the server's own signals (SIGUSR1 for every barrier, latch and
+            # catch-up) pass straight to it: a stop on one would wait forever
+            ["gdb", "-q", "-nx", "-p", str(pid), "-ex", "set pagination off"]
+            + ["-ex", "handle all nostop noprint pass", "-ex", f"break {function}"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        self.says("Breakpoint 1 at", "continue\n")
+        self.lines: SimpleQueue[str | None] = SimpleQueue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.stopped_at_function = False
+
+    def __enter__(self) -> Paused:
+        try:
+            self.says("Breakpoint 1 at", "continue\n")
+        except BaseException:
+            self.gdb.kill()  # attached, it stopped the process: gdb's end lets it go
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.gdb.poll() is None:
+            if not self.stopped_at_function:
+                self.gdb.send_signal(signal.SIGINT)  # stops the process: gdb reads commands again
+            self.resume()
+
+    def _read(self) -> None:
+        """gdb's output, line by line, then None when it ends."""
+        assert self.gdb.stdout
+        for line in self.gdb.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
 
     def says(self, text: str, then: str) -> None:
-        """Read gdb's output until a line holds text, then send it the then
+        """Wait until a line of gdb's holds text, then send it the then
         command; skips the test when gdb may not attach (ptrace refused)."""
-        assert self.gdb.stdin and self.gdb.stdout
-        for line in self.gdb.stdout:
+        assert self.gdb.stdin
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except Empty:
+                raise AssertionError(f"gdb did not say {text!r} within 60 s") from None
+            if line is None:
+                break
             if "ptrace:" in line or "Could not attach" in line:
-                self.gdb.kill()
                 pytest.skip(f"gdb cannot stop a server process here: {line.strip()}")
             if text in line:
                 self.gdb.stdin.write(then)
@@ -610,15 +647,20 @@ class Paused:
         raise AssertionError(f"gdb ended before saying {text!r}")
 
     def stopped(self) -> None:
-        """Until the process reached the breakpoint."""
+        """Until the process reached function."""
         self.says("Breakpoint 1,", "delete\n")
+        self.stopped_at_function = True
 
     def resume(self) -> None:
         """Let the process go on (and gdb end)."""
         assert self.gdb.stdin
         self.gdb.stdin.write("detach\nquit\n")
         self.gdb.stdin.flush()
-        self.gdb.wait(30)
+        try:
+            self.gdb.wait(30)
+        except subprocess.TimeoutExpired:
+            self.gdb.kill()
+            raise
 
 
 # PostgreSQL's SKIP LOCKED skips a row whose updater is in progress; but when
@@ -637,12 +679,13 @@ def test_a_poll_that_waits_on_an_update_chain_lets_its_rows_go(database: str) ->
         connect(database, "poll") as poller,
         connect(database, "offer") as offerer,
         psycopg.connect(database, autocommit=True) as admin,
+        ExitStack() as stack,  # gdb lets the poll go before the connections close
     ):
         call(conn, "dq_purge", queue)
         call(conn, "dq_offer", queue, "z", Jsonb({"v": 0}), now - timedelta(seconds=2))  # polled first
         call(conn, "dq_offer", queue, "a", Jsonb({"v": 0}), now - timedelta(seconds=1))
         call(updater, "dq_offer", queue, "a", Jsonb({"v": 1}), now - timedelta(seconds=1), True)  # not committed
-        paused = Paused(poller.info.backend_pid, "ConditionalXactLockTableWait")
+        paused = stack.enter_context(Paused(poller.info.backend_pid, "ConditionalXactLockTableWait"))
         poll, polled = in_thread(lambda: call(poller, "dq_poll_many", queue, 2, timedelta(minutes=1), column="key"))
         paused.stopped()  # the poll locked z and found a's update in progress
         updater.commit()

@@ -54,23 +54,25 @@ BEGIN
     IF v_paused THEN  -- dq_pause (1.2): nothing is leased, nothing buried
         RETURN;
     END IF;
-    IF v_grouped THEN
-        RETURN QUERY SELECT * FROM @extschema@.dq__poll_grouped(v_queue, max_count, lease, v_now, v_max_attempts);
-        RETURN;
-    END IF;
-
-    -- Pick and lock in one index range scan of (queue, due_at, id); rows a
-    -- concurrent poller holds are skipped. Yet PostgreSQL's SKIP LOCKED can
-    -- wait: for the newer version of a row whose updater commits as the scan
-    -- reaches it (heap_lock_updated_tuple), holding the rows it locked
-    -- before, and a writer waiting for one of those would deadlock with it.
-    -- So the pick waits 1 ms at most, in a subtransaction that lets its rows
-    -- go when it does, and picks again; the last try waits as long as the
-    -- caller's lock_timeout says (a table locked for long). The arrays keep
-    -- every statement's plan on an index, generic or custom.
+    -- Polls skip the rows concurrent pollers hold (SKIP LOCKED). Yet
+    -- PostgreSQL's SKIP LOCKED can wait: for the newer version of a row whose
+    -- updater commits as the scan reaches it (heap_lock_updated_tuple),
+    -- holding the rows it locked before, and a writer waiting for one of
+    -- those would deadlock with it. So a poll waits 1 ms at most for a lock,
+    -- in a subtransaction that lets its rows go when it would wait longer,
+    -- and picks again; the last try waits as long as the caller's
+    -- lock_timeout says (a table locked for long).
     FOR v_try IN 1..4 LOOP
         BEGIN
             v_set := set_config('lock_timeout', CASE WHEN v_try < 4 THEN '1ms' ELSE v_caller_lock_timeout END, TRUE);
+            IF v_grouped THEN  -- every statement of the turn rule under the 1 ms
+                RETURN QUERY SELECT * FROM @extschema@.dq__poll_grouped(v_queue, max_count, lease, v_now, v_max_attempts);
+                v_set := set_config('lock_timeout', v_caller_lock_timeout, TRUE);
+                RETURN;
+            END IF;
+            -- Pick and lock in one index range scan of (queue, due_at, id).
+            -- The arrays keep every statement's plan on an index, generic or
+            -- custom.
             SELECT
                 coalesce(array_agg(p.row_at) FILTER (WHERE NOT p.spent), '{}'),
                 coalesce(array_agg(p.relet) FILTER (WHERE NOT p.spent), '{}'),
