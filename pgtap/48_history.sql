@@ -2,7 +2,7 @@
 -- message that leaves a queue with retention on, with its outcome, kept for
 -- the queue's period; tallies behind the stats.
 BEGIN;
-SELECT plan(107);
+SELECT plan(109);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 -- off by default: nothing is recorded
@@ -46,9 +46,9 @@ SELECT results_eq(
     $$VALUES ('b'::text, 'acked'::text, NULL::text), ('c', 'acked', NULL), ('d', 'dead', 'given up')$$,
     'acked by dq_ack_many and dq_ack_poll, dead by dq_dead_letter with its error as the last error (1.3)'
 );
--- 1.3: acks without a queue (dq_ack_many, dq_ack_poll) of a queue without
--- retention count their own deletes while another queue keeps history: the
--- trigger that records (and counts) runs for none of them
+-- 1.3: a batch ack naming a queue without retention counts its own deletes
+-- while another queue keeps history: the trigger that records (and counts)
+-- does not run for it
 SELECT dq_send_many('t_plain', array_fill('{}'::jsonb, ARRAY[3]));
 SET LOCAL track_functions = 'pl';
 -- how many times this transaction ran the count trigger's function
@@ -58,15 +58,23 @@ CREATE FUNCTION pg_temp.trigger_runs() RETURNS int LANGUAGE sql AS $$
     WHERE f.funcname = 'dq__count_rows'
 $$;
 CREATE TEMP TABLE trigger_calls AS SELECT pg_temp.trigger_runs() AS calls;
-SELECT is(dq_ack_many(array(SELECT lock_token FROM dq_poll_many('t_plain', 2))), 2, 'dq_ack_many of t_plain');
+SELECT is(dq_ack_many(array(SELECT lock_token FROM dq_poll_many('t_plain', 2)), 't_plain'), 2, 'dq_ack_many of t_plain');
+SELECT is(
+    pg_temp.trigger_runs() - (SELECT t.calls FROM trigger_calls AS t),
+    0, 'an ack naming a queue without retention counts itself while t_hist keeps history (1.3)'
+);
+-- without a queue, an ack leaves its rows to the trigger while a queue keeps
+-- history: it records none of t_plain's
+UPDATE trigger_calls SET calls = pg_temp.trigger_runs();
 SELECT is(
     (SELECT count(*)::int FROM dq_ack_poll(array(SELECT lock_token FROM dq_poll_many('t_plain', 1)), 't_plain', 0)), 0,
     'dq_ack_poll of t_plain'
 );
 SELECT is(
     pg_temp.trigger_runs() - (SELECT t.calls FROM trigger_calls AS t),
-    0, 'acks without a queue of a queue without retention count themselves while t_hist keeps history (1.3)'
+    1, 'an ack without a queue goes through the trigger while a queue keeps history'
 );
+SELECT is((SELECT count(*)::int FROM dq_history('t_plain')), 0, 'which records nothing of t_plain');
 -- a batch of two queues, one keeping history: the trigger runs once, for the whole statement,
 -- recording t_hist2's message and not t_plain's, and counting both
 SELECT dq_retain('t_hist2', '1 day');

@@ -705,3 +705,71 @@ def test_a_poll_that_waits_on_an_update_chain_lets_its_rows_go(database: str) ->
         assert set(keys) <= {"a", "z"} and len(set(keys)) == len(keys), keys
         assert outcome == ["updated", "updated"], outcome
         assert message(conn, queue, "a") and message(conn, queue, "z"), "both messages are there"
+
+
+def lease_keys(conn: psycopg.Connection[Any], queue: str, keys: Sequence[str]) -> dict[str, UUID]:
+    """Offer keys due now and lease them all: their lock tokens by key."""
+    call(conn, "dq_offer_many", queue, list(keys), [Jsonb({"v": 0})] * len(keys))
+    rows = conn.execute("SELECT key, lock_token FROM dq_poll_many(%s, %s)", (queue, len(keys))).fetchall()
+    assert len(rows) == len(keys), rows
+    return dict(rows)
+
+
+# A batch ack deletes its rows as the tokens come, not in key order: it waits
+# 1 ms at most for a row, then lets go of what it deleted and locks its rows in
+# key order. Here it deletes z, then waits for a, which an offer holds; the
+# offer then needs z. Waiting on, the two would deadlock.
+def test_an_ack_that_waits_lets_its_rows_go(database: str) -> None:
+    queue = "deadlocks-ack-lets-go"
+    with (
+        connect(database, "setup") as conn,
+        psycopg.connect(database, application_name="deadlocks:offer") as offerer,
+        connect(database, "ack") as acker,
+        psycopg.connect(database, autocommit=True) as admin,
+    ):
+        call(conn, "dq_purge", queue)
+        tokens = lease_keys(conn, queue, ["a", "z"])
+        offerer.execute("SET deadlock_timeout = '20ms'")
+        acker.execute("SET deadlock_timeout = '10s'")  # in a deadlock, the offer would fail
+        assert call(offerer, "dq_offer", queue, "a", Jsonb({"v": 1}), None, True) == ["updated"]
+        ack, acked = in_thread(lambda: call(acker, "dq_ack_many", [tokens["z"], tokens["a"]]))
+        wait_blocked_or_done(admin, acker.info.backend_pid, ack)
+        assert ack.is_alive(), "the ack waits for a, which the offer holds"
+        # z is free again: the ack let it go (waiting on, it would hold z)
+        assert call(offerer, "dq_offer", queue, "z", Jsonb({"v": 1}), None, True) == ["updated"]
+        offerer.commit()
+        ack.join(30)
+        (deleted,) = results(acked)
+        # the updates ended both deliveries: the ack, in key order after them, acks neither
+        assert deleted == [0]
+        assert message(conn, queue, "a") == message(conn, queue, "z") == ({"v": 1}, 0), "updated, undelivered"
+
+
+# The same ack decides before it deletes that no queue keeps history, and so
+# counts its rows itself instead of the trigger that records. A transaction
+# that holds one of its rows and turns retention on can commit while the
+# first try waits for that row: the ack asks again after its delete, and
+# acks again in key order through the trigger. Replayed with gdb: the ack's
+# backend stops where it is about to wait for the holder.
+def test_an_ack_whose_wait_ended_as_retention_began_records_it(database: str) -> None:
+    queue = "deadlocks-ack-retention"
+    with (
+        connect(database, "setup") as conn,
+        psycopg.connect(database) as holder,
+        connect(database, "ack") as acker,
+        ExitStack() as stack,  # gdb lets the ack go before the connections close
+    ):
+        call(conn, "dq_purge", queue)
+        tokens = lease_keys(conn, queue, ["held"])
+        holder.execute("SELECT dq_extend(%s, '5 minutes')", (tokens["held"],))  # holds the row
+        holder.execute("SELECT dq_retain(%s, '1 day')", (queue,))
+        stack.callback(call, conn, "dq_retain", queue, None)  # the other tests' acks count themselves
+        paused = stack.enter_context(Paused(acker.info.backend_pid, "XactLockTableWait"))
+        ack, acked = in_thread(lambda: call(acker, "dq_ack_many", [tokens["held"]]))
+        paused.stopped()  # the ack found the held row, before it waits
+        holder.commit()
+        paused.resume()  # its wait ends at once
+        ack.join(30)
+        assert results(acked) == [[1]]
+        records = conn.execute("SELECT key, outcome FROM dq_history(%s)", (queue,)).fetchall()
+        assert records == [("held", "acked")], "the ack is recorded"

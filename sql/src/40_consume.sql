@@ -126,16 +126,15 @@ BEGIN
             ),
             counted AS (
                 INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
-                SELECT l.queue, d.due_bin, d.leased, sum(d.n)
+                SELECT v_queue, @extschema@.dq__due_bin(l.leased_due_at), l.relet, -count(*)
                 FROM leased AS l
-                CROSS JOIN LATERAL (
-                    VALUES
-                        (@extschema@.dq__due_bin(l.leased_due_at), l.relet, -1),
-                        (@extschema@.dq__due_bin(l.due_at), TRUE, 1)
-                ) AS d (due_bin, leased, n)
                 WHERE v_counting
-                GROUP BY l.queue, d.due_bin, d.leased
-                HAVING sum(d.n) <> 0
+                GROUP BY 2, 3
+                UNION ALL  -- every lease ends in the same bin
+                SELECT v_queue, @extschema@.dq__due_bin(v_now + lease), TRUE, count(*)
+                FROM leased AS l
+                WHERE v_counting
+                HAVING count(*) > 0
             )
             SELECT
                 l.id, l.queue::text, l.key::text, l.payload, l.state, l.scheduled_at,
@@ -265,68 +264,100 @@ SET search_path = pg_catalog, pg_temp
 SET "dq.outcome" = 'acked'  -- what the history records (57_history.sql)
 SET plan_cache_mode = force_generic_plan  -- see 10_storage.sql
 SET enable_seqscan = off
+SET enable_bitmapscan = off  -- a token's row by its index: a bitmap scan a row cost a fifth more
 SET jit = off  -- see 10_storage.sql
 AS $$
 DECLARE
     v_now timestamptz := @extschema@.dq_now();
-    v_rows tid[];
-    v_locked_queues text[];  -- the queues of the rows locked
+    v_try integer;           -- 1: delete straight away; 2: lock in key order first
+    v_history boolean;       -- the rows' queues may keep history: the trigger counts and records
+    v_locked_queues text[];  -- the queues of the rows locked (second try)
     v_deleted integer;
+    v_deleted_queues text[];
     v_queues text[];
     v_channels text[];
     v_dues timestamptz[];
     v_counting boolean := FALSE;  -- dq__counting_inline's: false, the trigger counts (and records)
+    v_caller_lock_timeout text := current_setting('lock_timeout');
+    v_set text;              -- set_config's answer, unused
 BEGIN
     IF dq_ack_many.queue IS NOT NULL AND NOT @extschema@.dq__valid_queue(dq_ack_many.queue) THEN
         PERFORM @extschema@.dq__check_queue(dq_ack_many.queue);
     END IF;
-    -- Rows are locked in (queue, key) order, the order dq_offer_many locks
-    -- in, so a batch ack and a batch offer never deadlock (keyless messages,
-    -- which no offer locks, last, by id).
-    SELECT coalesce(array_agg(l.row_at), '{}'), coalesce(array_agg(DISTINCT l.queue), '{}')
-    INTO v_rows, v_locked_queues
-    FROM (
-        SELECT m.ctid AS row_at, m.queue
-        FROM @extschema@.dq_messages AS m
-        INNER JOIN unnest(lock_tokens) AS t (token)
-            ON m.id = @extschema@.dq__token_id(t.token) AND m.lock_token = t.token
-        WHERE dq_ack_many.queue IS NULL OR m.queue = dq_ack_many.queue
-        ORDER BY m.queue, m.key, m.id
-        FOR UPDATE OF m
-    ) AS l;
-    -- Locked by this transaction, the rows are still at those addresses
-    -- (ctid): one heap fetch each instead of a second primary key lookup.
-    -- (A separate statement: its snapshot sees the versions just locked.)
-    -- Leased messages leave their lease ends' bins (12_counts.sql): here,
-    -- unless one of the locked rows' queues may keep history, whose records
-    -- the trigger writes (asked after the locks: a transaction that turned
-    -- retention on while holding one of these rows has committed by then);
-    -- so dq_ack_poll and acks without queue count their own too while other
-    -- queues keep history (1.3).
-    IF NOT @extschema@.dq__may_keep_history(v_locked_queues) THEN
-        v_counting := @extschema@.dq__counting_inline();
-    END IF;
-    WITH deleted AS (
-        DELETE FROM @extschema@.dq_messages AS m
-        WHERE m.ctid = ANY (v_rows)
-        RETURNING m.queue, m.channel, m.due_at
-    ),
-    counted AS (
-        INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
-        SELECT d.queue, @extschema@.dq__due_bin(d.due_at), TRUE, -count(*)
-        FROM deleted AS d
-        WHERE v_counting
-        GROUP BY 1, 2
-    )
+    -- Multi-row lockers of dq_messages take their rows in (queue, key)
+    -- order (dq_offer_many's upsert, dq_purge), so that no two deadlock. An
+    -- ack first deletes its rows as the tokens come, waiting 1 ms at most
+    -- for a row (a subtransaction, undone when it would wait longer: a
+    -- waiter never holds what another waits for for long); only then does
+    -- it lock its rows in key order (keyless ones last, by id) and delete
+    -- them, waiting as the caller's lock_timeout says.
+    FOR v_try IN 1..2 LOOP
+        BEGIN
+            IF v_try = 1 THEN
+                v_set := set_config('lock_timeout', '1ms', TRUE);
+                v_history := @extschema@.dq__may_keep_history(
+                    CASE WHEN dq_ack_many.queue IS NOT NULL THEN ARRAY[dq_ack_many.queue] END
+                );
+            ELSE
+                SELECT coalesce(array_agg(DISTINCT l.queue), '{}') INTO v_locked_queues
+                FROM (
+                    SELECT m.queue
+                    FROM @extschema@.dq_messages AS m
+                    INNER JOIN unnest(lock_tokens) AS t (token)
+                        ON m.id = @extschema@.dq__token_id(t.token) AND m.lock_token = t.token
+                    WHERE dq_ack_many.queue IS NULL OR m.queue = dq_ack_many.queue
+                    ORDER BY m.queue, m.key, m.id
+                    FOR UPDATE OF m
+                ) AS l;
+                -- asked after the locks: a transaction that turned
+                -- retention on while holding one of these rows has committed
+                v_history := @extschema@.dq__may_keep_history(v_locked_queues);
+            END IF;
+            -- Leased messages leave their lease ends' bins (12_counts.sql):
+            -- here, unless their queues may keep history, whose records the
+            -- trigger writes with the counts.
+            IF NOT v_history THEN
+                v_counting := @extschema@.dq__counting_inline();
+            END IF;
+            WITH deleted AS (
+                DELETE FROM @extschema@.dq_messages AS m
+                USING unnest(lock_tokens) AS t (token)
+                WHERE m.id = @extschema@.dq__token_id(t.token) AND m.lock_token = t.token
+                    AND (dq_ack_many.queue IS NULL OR m.queue = dq_ack_many.queue)
+                RETURNING m.queue, m.channel, m.due_at
+            ),
+            counted AS (
+                INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+                SELECT d.queue, @extschema@.dq__due_bin(d.due_at), TRUE, -count(*)
+                FROM deleted AS d
+                WHERE v_counting
+                GROUP BY 1, 2
+            )
 
-    SELECT
-        count(*),
-        array_agg(d.queue) FILTER (WHERE d.channel <> ''),
-        array_agg(d.channel) FILTER (WHERE d.channel <> ''),
-        array_agg(d.due_at) FILTER (WHERE d.channel <> '')
-    INTO v_deleted, v_queues, v_channels, v_dues
-    FROM deleted AS d;
-    v_counting := @extschema@.dq__counted_inline(v_counting);
+            SELECT
+                count(*),
+                coalesce(array_agg(DISTINCT d.queue), '{}'),
+                array_agg(d.queue) FILTER (WHERE d.channel <> ''),
+                array_agg(d.channel) FILTER (WHERE d.channel <> ''),
+                array_agg(d.due_at) FILTER (WHERE d.channel <> '')
+            INTO v_deleted, v_deleted_queues, v_queues, v_channels, v_dues
+            FROM deleted AS d;
+            v_counting := @extschema@.dq__counted_inline(v_counting);
+            v_set := set_config('lock_timeout', v_caller_lock_timeout, TRUE);
+            -- The first try may have waited (1 ms) for a transaction that
+            -- turned retention on for these rows' queues: undone, they are
+            -- acked again in key order, and recorded.
+            IF v_try = 1 AND NOT v_history AND @extschema@.dq__may_keep_history(v_deleted_queues) THEN
+                RAISE EXCEPTION 'history began while acking' USING ERRCODE = 'lock_not_available';
+            END IF;
+            EXIT;
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+            IF v_try = 2 THEN
+                RAISE;
+            END IF;
+            v_counting := FALSE;  -- its mark went with the subtransaction
+        END;
+    END LOOP;
     IF v_queues IS NOT NULL THEN
         PERFORM @extschema@.dq__leases_ended(v_queues, v_channels, v_dues, v_now);
     END IF;
