@@ -1,6 +1,6 @@
 -- dq_offer: created / updated / ignored, times, ids, resets, bad input.
 BEGIN;
-SELECT plan(48);
+SELECT plan(53);
 SELECT set_config('dq.now', '2024-01-01 10:00:00+00', TRUE);
 
 -- created, with a NULL time meaning now
@@ -119,6 +119,37 @@ SELECT throws_ok(
     'pgdq: scheduled_at must be a time in years 1 to 9999 UTC, got -infinity', 'so is -infinity'
 );
 SELECT is((SELECT count(*)::int FROM dq_get('t_offer', 'inf')), 0, 'and nothing was written');
+
+-- 1.3: an offer of a new key is one plain insert that counts itself: no
+-- count trigger runs for it; an update is counted by the update trigger
+SET LOCAL track_functions = 'pl';
+CREATE FUNCTION pg_temp.count_trigger_runs() RETURNS int LANGUAGE sql AS $$
+    SELECT coalesce(sum(f.calls), 0)::int
+    FROM pg_stat_xact_user_functions AS f
+    WHERE f.funcname IN ('dq__count_rows', 'dq__count_updated')
+$$;
+CREATE TEMP TABLE trigger_calls AS SELECT pg_temp.count_trigger_runs() AS calls;
+SELECT is(dq_offer('t_offer', 'fresh', '1'), 'created', 'an offer of a new key');
+SELECT is(
+    pg_temp.count_trigger_runs() - (SELECT t.calls FROM trigger_calls AS t), 0,
+    'runs no count trigger (1.3)'
+);
+SELECT is(dq_offer('t_offer', 'fresh', '2'), 'updated', 'an update of it');
+SELECT is(
+    pg_temp.count_trigger_runs() - (SELECT t.calls FROM trigger_calls AS t), 1,
+    'is counted by the update trigger'
+);
+SELECT ok(
+    array(
+        SELECT row(c.*)::text FROM dq__counted_stats(dq_now()) AS c
+        WHERE c.queue = 't_offer'
+    ) = array(
+        SELECT row(s.*)::text FROM dq__scanned_stats(dq_now()) AS s
+        WHERE s.queue = 't_offer'
+    ),
+    'and the counts agree with the messages'
+);
+RESET track_functions;
 
 SELECT * FROM finish();
 ROLLBACK;

@@ -86,6 +86,7 @@ def _run_failover(tmp_path: Path, pair: Pair, lag: bool, lost: dict[str, int]) -
     dsn = pair.conninfo(DB)
     (tmp_path / "ha_handler.py").write_text(HANDLER)
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "PGDQ_HA_HANDLED": str(tmp_path / "handled.jsonl")}
+    worker_log = (tmp_path / "worker.log").open("w")  # shown when the worker breaks a rule
     worker = subprocess.Popen(
         [
             sys.executable,
@@ -100,7 +101,7 @@ def _run_failover(tmp_path: Path, pair: Pair, lag: bool, lost: dict[str, int]) -
             "ha_handler:handle",
         ],
         env=env,
-        stderr=subprocess.DEVNULL,
+        stderr=worker_log,
     )
     logs = [tmp_path / f"{name}.jsonl" for name in ("p0", "p1", "pw", "c0", "c1")]
     producers = [
@@ -157,6 +158,9 @@ def _run_failover(tmp_path: Path, pair: Pair, lag: bool, lost: dict[str, int]) -
                 p.kill()
     if [p.returncode for p in [*consumers, worker]] != [0, 0, 0]:
         broken.append("consumers and the worker did not stop cleanly after the failover")
+    worker_log.close()
+    if worker.returncode != 0:
+        broken.append(f"the worker ({worker.returncode}) logged: {(tmp_path / 'worker.log').read_text()[-3000:]}")
     lost.update(count_lost(logs, on_old_primary, on_new_primary, stopped_at))
     return broken + check_logs(logs, on_new_primary, stopped_at, tmp_path / "handled.jsonl")
 

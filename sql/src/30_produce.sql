@@ -94,50 +94,72 @@ BEGIN
         PERFORM @extschema@.dq__check_headers(dq_offer.headers, 'headers');
     END IF;
 
-    -- ON CONFLICT makes concurrent offers of one key wait for each other
-    -- instead of failing: one creates, the others update or ignore.
-    -- (Headers take no part in the decision: an update replaces them.) A
-    -- created message is counted here, an updated one by the trigger
-    -- (12_counts.sql: only it knows the version the update replaced).
-    v_counting := @extschema@.dq__counting_inline(inserts_only => TRUE);
-    WITH offered AS (
+    -- A new key first: a plain insert, counted here, which an existing key
+    -- leaves alone (no update, so no update trigger: a third of a created
+    -- offer's time). Concurrent offers of one new key wait for each other's
+    -- insert: one creates, the others go on below.
+    v_counting := @extschema@.dq__counting_inline();
+    WITH created AS (
         INSERT INTO @extschema@.dq_messages AS m (
             queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
         )
         VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now, v_channel, v_priority, dq_offer.headers)
-        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO UPDATE
-            SET payload = excluded.payload,
-                scheduled_at = excluded.scheduled_at,
-                due_at = excluded.due_at,
-                created_at = excluded.created_at,
-                attempts = 0,
-                state = NULL,
-                last_error = NULL,
-                lock_token = NULL,
-                channel = excluded.channel,
-                priority = excluded.priority,
-                headers = excluded.headers,
-                leased_at = NULL,
-                leased_due_at = NULL
-            WHERE dq_offer.can_update
-                AND m.channel = excluded.channel  -- a move to another channel: below
-                AND NOT @extschema@.dq__same_offer(
-                    m.payload, m.scheduled_at, m.channel, m.priority,
-                    excluded.payload, dq_offer.scheduled_at, excluded.channel, excluded.priority
-                )
-        -- xmax is 0 on a fresh insert (an update by ON CONFLICT leaves its
-        -- locker's): what the result says, and what is counted here
-        RETURNING m.xmax = 0 AS created, m.queue, m.due_at
+        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
+        RETURNING m.queue, m.due_at
     ),
     counted AS (
         INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
-        SELECT o.queue, @extschema@.dq__due_bin(o.due_at), FALSE, 1
-        FROM offered AS o
-        WHERE o.created AND v_counting
+        SELECT c.queue, @extschema@.dq__due_bin(c.due_at), FALSE, 1
+        FROM created AS c
+        WHERE v_counting
     )
-    SELECT o.created INTO v_inserted FROM offered AS o;
+    SELECT TRUE INTO v_inserted FROM created AS c;
     v_counting := @extschema@.dq__counted_inline(v_counting);
-
+    IF v_inserted IS NULL THEN
+        -- ON CONFLICT makes concurrent offers of one key wait for each other
+        -- instead of failing: one creates, the others update or ignore.
+        -- (Headers take no part in the decision: an update replaces them.) A
+        -- created message is counted here, an updated one by the trigger
+        -- (12_counts.sql: only it knows the version the update replaced).
+        v_counting := @extschema@.dq__counting_inline(inserts_only => TRUE);
+        WITH offered AS (
+            INSERT INTO @extschema@.dq_messages AS m (
+                queue, key, payload, scheduled_at, due_at, created_at, channel, priority, headers
+            )
+            VALUES (dq_offer.queue, dq_offer.key, dq_offer.payload, v_at, v_at, v_now, v_channel, v_priority, dq_offer.headers)
+            ON CONFLICT (queue, key) WHERE key IS NOT NULL DO UPDATE
+                SET payload = excluded.payload,
+                    scheduled_at = excluded.scheduled_at,
+                    due_at = excluded.due_at,
+                    created_at = excluded.created_at,
+                    attempts = 0,
+                    state = NULL,
+                    last_error = NULL,
+                    lock_token = NULL,
+                    channel = excluded.channel,
+                    priority = excluded.priority,
+                    headers = excluded.headers,
+                    leased_at = NULL,
+                    leased_due_at = NULL
+                WHERE dq_offer.can_update
+                    AND m.channel = excluded.channel  -- a move to another channel: below
+                    AND NOT @extschema@.dq__same_offer(
+                        m.payload, m.scheduled_at, m.channel, m.priority,
+                        excluded.payload, dq_offer.scheduled_at, excluded.channel, excluded.priority
+                    )
+            -- xmax is 0 on a fresh insert (an update by ON CONFLICT leaves its
+            -- locker's): what the result says, and what is counted here
+            RETURNING m.xmax = 0 AS created, m.queue, m.due_at
+        ),
+        counted AS (
+            INSERT INTO @extschema@.dq_counts (queue, due_bin, leased, n)
+            SELECT o.queue, @extschema@.dq__due_bin(o.due_at), FALSE, 1
+            FROM offered AS o
+            WHERE o.created AND v_counting
+        )
+        SELECT o.created INTO v_inserted FROM offered AS o;
+        v_counting := @extschema@.dq__counted_inline(v_counting);
+    END IF;
     IF v_inserted IS NULL THEN
         -- The message moves to another channel (the row is locked by now):
         -- dq_offer_many's replay also frees the slot it held in the old one.
