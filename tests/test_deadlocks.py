@@ -751,6 +751,7 @@ def test_an_ack_that_waits_lets_its_rows_go(database: str) -> None:
 # first try waits for that row: the ack asks again after its delete, and
 # acks again in key order through the trigger. Replayed with gdb: the ack's
 # backend stops where it is about to wait for the holder.
+@pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed (make deps installs it)")
 def test_an_ack_whose_wait_ended_as_retention_began_records_it(database: str) -> None:
     queue = "deadlocks-ack-retention"
     with (

@@ -777,11 +777,12 @@ $$;
 -- probe of dq_queues_retained per queue (NULL: one).
 CREATE FUNCTION dq__may_keep_history(queues text[]) RETURNS boolean
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
+-- every name qualified instead of a SET search_path, which cost a third of
+-- a call (4.5 us in every ack)
 AS $$
 BEGIN
-    IF NOT has_table_privilege('@extschema@.dq_queues', 'SELECT')
-        OR row_security_active('@extschema@.dq_queues'::regclass) THEN
+    IF NOT pg_catalog.has_table_privilege('@extschema@.dq_queues', 'SELECT')
+        OR pg_catalog.row_security_active('@extschema@.dq_queues'::pg_catalog.regclass) THEN
         RETURN TRUE;
     END IF;
     IF dq__may_keep_history.queues IS NULL THEN
@@ -789,7 +790,7 @@ BEGIN
     END IF;
     RETURN EXISTS (
         SELECT FROM @extschema@.dq_queues AS q
-        WHERE q.queue = ANY (dq__may_keep_history.queues) AND q.retain IS NOT NULL
+        WHERE q.queue OPERATOR(pg_catalog.=) ANY (dq__may_keep_history.queues) AND q.retain IS NOT NULL
     );
 END
 $$;
